@@ -1,0 +1,23 @@
+"""User-facing errors: each carries one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class AttnresError(Exception):
+    """An error the CLI prints as one line (no traceback unless --debug) before exiting non-zero."""
+
+
+class CheckpointError(AttnresError):
+    """A checkpoint file that is not a valid attnres checkpoint."""
+
+
+class ExportError(AttnresError):
+    """A model or option the exporter cannot turn into ONNX."""
+
+
+class GraphError(AttnresError):
+    """An ONNX file that is not what the command needs."""
+
+
+class ParityError(AttnresError):
+    """A backend that could not be run for a parity check."""

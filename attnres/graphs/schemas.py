@@ -1,0 +1,71 @@
+"""ONNX schemas of the ``attnres`` domain, registered with onnx so ``onnx.checker`` validates our nodes."""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+from onnx.defs import OpSchema
+
+from attnres.ops.identity import AGGREGATE, DOMAIN, MAX_SOURCES, OPSET_VERSION
+
+STORAGE_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+_P = OpSchema.FormalParameter
+_VARIADIC = OpSchema.FormalParameterOption.Variadic
+
+
+def _plugin_attributes() -> list[OpSchema.Attribute]:
+    return [
+        OpSchema.Attribute("plugin_version", OpSchema.AttrType.STRING, "TensorRT plugin version", required=False),
+        OpSchema.Attribute("plugin_namespace", OpSchema.AttrType.STRING, "TensorRT plugin namespace", required=False),
+    ]
+
+
+def aggregate_schema() -> OpSchema:
+    """The public schema of AttnResAggregate (SPEC 4)."""
+    return OpSchema(
+        AGGREGATE,
+        DOMAIN,
+        OPSET_VERSION,
+        doc="Softmax-weighted sum of the sources over depth (attention residuals, SPEC 1.2).",
+        inputs=[
+            _P("score_weight", "tensor(float)", "folded gain * pseudo-query, [D], float32"),
+            _P("sources", "T", f"1..{MAX_SOURCES} tensors [..., D]", param_option=_VARIADIC, min_arity=1),
+        ],
+        outputs=[_P("h", "T", "aggregated representation [..., D]")],
+        type_constraints=[("T", STORAGE_TYPES, "storage type of sources and output")],
+        attributes=[
+            OpSchema.Attribute("eps", OpSchema.AttrType.FLOAT, "added to the mean square", required=True),
+            *_plugin_attributes(),
+        ],
+    )
+
+
+def aggregate_trace_schema() -> OpSchema:
+    """AttnResAggregate with all inputs as one heterogeneous variadic, for torch.onnx's node builder.
+
+    torch.onnx (2.13) binds a variadic parameter to *all* positional arguments, so a schema with a
+    fixed first input duplicates it; this schema only shapes the call while tracing.
+    """
+    return OpSchema(
+        AGGREGATE,
+        DOMAIN,
+        OPSET_VERSION,
+        doc="Tracing-time view of AttnResAggregate.",
+        inputs=[_P("inputs", "V", "score_weight then sources", param_option=_VARIADIC, is_homogeneous=False,
+                   min_arity=2)],
+        outputs=[_P("h", "T", "aggregated representation")],
+        type_constraints=[("T", STORAGE_TYPES, "storage type"), ("V", STORAGE_TYPES, "any input")],
+        attributes=[
+            OpSchema.Attribute("eps", OpSchema.AttrType.FLOAT, "added to the mean square", required=True),
+            *_plugin_attributes(),
+        ],
+    )
+
+
+@functools.cache
+def register_schemas() -> None:
+    """Register the domain's schemas once per process (onnx keeps a global registry)."""
+    if not onnx.defs.has(AGGREGATE, DOMAIN):
+        onnx.defs.register_schema(aggregate_schema())

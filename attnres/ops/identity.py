@@ -1,0 +1,27 @@
+"""The identity of the attnres op set, defined once for PyTorch, ONNX and TensorRT."""
+
+from __future__ import annotations
+
+DOMAIN = "attnres"
+"""ONNX domain of every op of the set (listed in the model's opset_import)."""
+
+OPSET_VERSION = 1
+"""Version of the ``attnres`` ONNX domain."""
+
+PLUGIN_VERSION = "1"
+"""``plugin_version`` attribute: TensorRT's parser selects the creator by (name, version, namespace)."""
+
+PLUGIN_NAMESPACE = "attnres"
+"""``plugin_namespace`` attribute and the TensorRT plugin namespace."""
+
+ORT_TRT_DOMAIN = "trt.plugins"
+"""The only domain ONNX Runtime's TensorRT execution provider hands to TensorRT plugins."""
+
+AGGREGATE = "AttnResAggregate"
+"""Op type of one depth aggregation (SPEC 1.2); also the TensorRT plugin name."""
+
+MAX_SOURCES = 256
+"""Most sources one AttnResAggregate node takes."""
+
+FUSED_OP_TYPES = (AGGREGATE,)
+"""Every op type the attnres domain defines."""

@@ -1,0 +1,26 @@
+"""NumPy reference of the attnres op set: independent of torch, used by ONNX Runtime custom ops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def attnres_aggregate_numpy(score_weight: np.ndarray, sources: Sequence[np.ndarray], eps: float) -> np.ndarray:
+    """SPEC 1.2 in float32 (float64 when asked through ``compute_dtype`` callers); result in the sources' dtype."""
+    return attnres_aggregate_numpy_in(np.float32, score_weight, sources, eps).astype(sources[0].dtype)
+
+
+def attnres_aggregate_numpy_in(
+    compute_dtype: type, score_weight: np.ndarray, sources: Sequence[np.ndarray], eps: float
+) -> np.ndarray:
+    """SPEC 1.2 computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
+    stacked = np.stack([np.asarray(s, dtype=compute_dtype) for s in sources], axis=0)
+    sw = np.asarray(score_weight, dtype=compute_dtype)
+    inv_rms = 1.0 / np.sqrt(np.mean(stacked * stacked, axis=-1) + compute_dtype(eps))
+    logits = inv_rms * (stacked @ sw)
+    logits = logits - logits.max(axis=0, keepdims=True)
+    weights = np.exp(logits)
+    weights = weights / weights.sum(axis=0, keepdims=True)
+    return (weights[..., None] * stacked).sum(axis=0)

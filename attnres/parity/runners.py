@@ -1,0 +1,115 @@
+"""Backends behind one interface (Polygraphy's idea): ``activate``, ``infer``, ``deactivate``.
+
+Adding a backend is one class. Every runner takes and returns NumPy arrays keyed by tensor name.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from attnres.errors import ParityError
+from attnres.graphs.emulation import emulate_bfloat16, has_bfloat16
+from attnres.graphs.onnx_utils import attnres_nodes
+from attnres.ops.identity import ORT_TRT_DOMAIN
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class Runner(abc.ABC):
+    """One backend running one artifact."""
+
+    backend: str
+    artifact: str
+
+    def activate(self) -> None:
+        """Acquire what inference needs (sessions, engines); called once before ``infer``."""
+
+    @abc.abstractmethod
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one inference."""
+
+    def deactivate(self) -> None:
+        """Release what ``activate`` acquired."""
+
+    def __enter__(self) -> Runner:
+        self.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+
+class TorchRunner(Runner):
+    """A PyTorch module in eager mode, on the CPU; ``dtype`` casts a copy (the float32 one is the reference)."""
+
+    def __init__(self, model: nn.Module, output_names: list[str], dtype: str = "float32", artifact: str = "") -> None:
+        self.backend = f"pytorch-{dtype}"
+        self.artifact = artifact
+        self.output_names = output_names
+        self.model = model if dtype == "float32" else copy.deepcopy(model).to(TORCH_DTYPES[dtype])
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            outputs = self.model(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        return {name: t.float().numpy() for name, t in zip(self.output_names, outputs, strict=True)}
+
+
+class OnnxRuntimeRunner(Runner):
+    """ONNX Runtime on the CPU (or another provider).
+
+    A model with attnres nodes runs with their NumPy reference (onnxruntime-extensions); a bfloat16 model
+    runs through the bfloat16 emulation (ONNX Runtime CPU has no bfloat16 arithmetic kernels).
+    """
+
+    def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "") -> None:
+        self.source = model
+        self.providers = providers or ["CPUExecutionProvider"]
+        self.artifact = artifact or (str(model) if isinstance(model, Path) else "")
+        self.session = None
+        loaded = self._load()
+        self.uses_reference_ops = bool(attnres_nodes(loaded.graph) or attnres_nodes(loaded.graph, ORT_TRT_DOMAIN))
+        self.emulates_bfloat16 = has_bfloat16(loaded)
+        kind = "onnxruntime+ref-ops" if self.uses_reference_ops else "onnxruntime"
+        self.backend = kind + ("+bf16-emulation" if self.emulates_bfloat16 else "")
+        self._model = loaded
+
+    def _load(self) -> onnx.ModelProto:
+        if isinstance(self.source, onnx.ModelProto):
+            return self.source
+        return onnx.load(str(self.source))
+
+    def activate(self) -> None:
+        import onnxruntime as ort
+
+        from attnres.parity import ort_reference
+
+        model = self._model
+        if self.emulates_bfloat16:
+            model = emulate_bfloat16(model)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if self.uses_reference_ops:
+            model = ort_reference.with_reference_ops(model)
+            options.register_custom_ops_library(ort_reference.library_path())
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=self.providers)
+        except Exception as exc:
+            raise ParityError(f"ONNX Runtime could not load {self.artifact or 'the model'}: {exc}") from exc
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.session is None:
+            raise ParityError("runner used before activate()")
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, feeds), strict=True))
+
+    def deactivate(self) -> None:
+        self.session = None
