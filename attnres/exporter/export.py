@@ -18,7 +18,7 @@ from attnres.exporter.ranges import DimRange
 from attnres.exporter.save import save_onnx_atomic
 from attnres.exporter.to_onnx import export_module
 from attnres.graphs.onnx_utils import attnres_nodes, set_metadata
-from attnres.graphs.targets import TARGETS, convert
+from attnres.graphs.targets import convert
 from attnres.models import load_checkpoint
 from attnres.ops.identity import OPSET_VERSION
 from attnres.parity.metrics import Tolerance, tolerance_for

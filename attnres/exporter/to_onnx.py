@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import warnings
 
 import onnx
@@ -44,6 +45,7 @@ def export_module(
         name: {axis: torch.export.Dim(dim_name, min=rng.min, max=rng.max) for axis, (dim_name, rng) in axes.items()}
         for name, axes in dynamic_dims.items()
     }
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     log = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):

@@ -67,9 +67,7 @@ def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
 def _retype_attributes(node: onnx.NodeProto) -> None:
     """Casts to bfloat16 become casts to float32 (the rounding pair re-adds the rounding); constants widen."""
     for attr in node.attribute:
-        if node.op_type == "Cast" and attr.name == "to" and attr.i == BF16:
-            attr.i = F32
-        elif node.op_type in ("CastLike", "EyeLike", "RandomNormal") and attr.name in ("to", "dtype") and attr.i == BF16:
+        if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == BF16:
             attr.i = F32
         elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == BF16:
             attr.t.CopyFrom(_as_float32(attr.t))

@@ -6,6 +6,8 @@ exporter sees exactly one op per aggregation.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -151,7 +153,7 @@ class Layer(nn.Module):
 class AttnResLM(nn.Module):
     """Decoder-only LM of SPEC 2; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
 
-    input_axes = {"input_ids": {0: "batch", 1: "seq"}}
+    input_axes: ClassVar[dict[str, dict[int, str]]] = {"input_ids": {0: "batch", 1: "seq"}}
     output_names = ("logits",)
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -174,10 +176,7 @@ class AttnResLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         cos, sin = self.rotary(input_ids.shape[1])
         h = self.embed(input_ids)
-        if self.config.residual == "standard":
-            x = self._standard(h, cos, sin)
-        else:
-            x = self._attnres(h, cos, sin)
+        x = self._standard(h, cos, sin) if self.config.residual == "standard" else self._attnres(h, cos, sin)
         return self.lm_head(self.norm(x)).float()
 
     def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

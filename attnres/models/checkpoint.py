@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -56,10 +57,13 @@ def _read_payload(path: Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        if found is None:
+            raise CheckpointError(f"{path}: not a PyTorch checkpoint (corrupted, or another format)") from exc
         raise CheckpointError(
-            f"{path}: refused to unpickle ({_first_line(exc)}); attnres checkpoints hold only tensors and plain "
-            "values. Save a state_dict checkpoint (attnres.models.save_checkpoint) or export the model with "
-            "torch.export instead of pickling a module"
+            f"{path}: holds pickled Python objects ({found.group(1)}), which attnres does not unpickle since "
+            "that can run arbitrary code; save {'format', 'version', 'config', 'state_dict'} as in SPEC 2 "
+            "(attnres.models.save_checkpoint)"
         ) from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable PyTorch file ({_first_line(exc)}); is it corrupted?") from exc

@@ -28,14 +28,14 @@ class Runner(abc.ABC):
     backend: str
     artifact: str
 
-    def activate(self) -> None:
+    def activate(self) -> None:  # noqa: B027 - optional hook, most runners need no setup
         """Acquire what inference needs (sessions, engines); called once before ``infer``."""
 
     @abc.abstractmethod
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one inference."""
 
-    def deactivate(self) -> None:
+    def deactivate(self) -> None:  # noqa: B027 - optional hook
         """Release what ``activate`` acquired."""
 
     def __enter__(self) -> Runner:
