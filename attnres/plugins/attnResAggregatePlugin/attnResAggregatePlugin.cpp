@@ -1,0 +1,386 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "attnResAggregatePlugin.h"
+
+#include "attnResAggregateKernel.h"
+#include "common/attnresPluginCommon.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <new>
+#include <string>
+
+using nvinfer1::DataType;
+using nvinfer1::Dims;
+using nvinfer1::DimsExprs;
+using nvinfer1::DynamicPluginTensorDesc;
+using nvinfer1::IPluginCapability;
+using nvinfer1::IPluginV3;
+using nvinfer1::PluginCapabilityType;
+using nvinfer1::PluginField;
+using nvinfer1::PluginFieldCollection;
+using nvinfer1::PluginFieldType;
+using nvinfer1::PluginTensorDesc;
+using nvinfer1::TensorFormat;
+using nvinfer1::ILogger;
+
+namespace attnres
+{
+namespace plugin
+{
+namespace
+{
+
+constexpr char const* kEPS_FIELD{"eps"};
+constexpr int32_t kMAX_SOURCES{ATTNRES_MAX_SOURCES};
+
+void logError(std::string const& message) noexcept
+{
+    logPluginMessage(ILogger::Severity::kERROR, message.c_str());
+}
+
+bool isSourceType(DataType type)
+{
+    return type == DataType::kFLOAT || type == DataType::kHALF || type == DataType::kBF16;
+}
+
+std::string dimsToString(Dims const& dims)
+{
+    std::string text{"["};
+    for (int32_t i = 0; i < dims.nbDims; ++i)
+    {
+        text += (i > 0 ? ", " : "") + std::to_string(dims.d[i]);
+    }
+    return text + "]";
+}
+
+//! Dimensions that are known on both sides must agree; -1 (dynamic at build time) matches anything.
+bool compatible(Dims const& a, Dims const& b)
+{
+    if (a.nbDims != b.nbDims)
+    {
+        return false;
+    }
+    for (int32_t i = 0; i < a.nbDims; ++i)
+    {
+        if (a.d[i] >= 0 && b.d[i] >= 0 && a.d[i] != b.d[i])
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
+{
+    if (nbInputs < 2 || nbInputs - 1 > kMAX_SOURCES || nbOutputs != 1)
+    {
+        logError(std::string{kAGGREGATE_NAME} + ": expects score_weight and 1.." + std::to_string(kMAX_SOURCES)
+            + " sources and one output, got " + std::to_string(nbInputs) + " inputs and "
+            + std::to_string(nbOutputs) + " outputs");
+        return false;
+    }
+    return true;
+}
+
+//! Checks the operand shapes of one node; logs what is wrong and returns false on the first problem.
+bool checkShapes(Dims const* dims, int32_t nbInputs)
+{
+    std::string const node{std::string{kAGGREGATE_NAME} + ": "};
+    Dims const& first = dims[1];
+    if (first.nbDims < 1)
+    {
+        logError(node + "source 0 must have at least one dimension, got " + dimsToString(first));
+        return false;
+    }
+    for (int32_t i = 2; i < nbInputs; ++i)
+    {
+        if (!compatible(dims[i], first))
+        {
+            logError(node + "source " + std::to_string(i - 1) + " has shape " + dimsToString(dims[i])
+                + " but source 0 has " + dimsToString(first) + ": all sources must have the same shape");
+            return false;
+        }
+    }
+    Dims const& weight = dims[0];
+    int64_t const last = first.d[first.nbDims - 1];
+    if (weight.nbDims != 1 || (weight.d[0] >= 0 && last >= 0 && weight.d[0] != last))
+    {
+        logError(node + "score_weight has shape " + dimsToString(weight) + " but the sources' last dimension is "
+            + std::to_string(last) + ": score_weight must be [D]");
+        return false;
+    }
+    return true;
+}
+
+} // namespace
+
+AttnResAggregatePlugin::AttnResAggregatePlugin(float eps)
+    : mEps{eps}
+{
+}
+
+AttnResAggregatePlugin::AttnResAggregatePlugin(AttnResAggregatePlugin const& other)
+    : IPluginV3{}
+    , IPluginV3OneCore{}
+    , IPluginV3OneBuild{}
+    , IPluginV3OneRuntime{}
+    , mEps{other.mEps}
+    , mNbSources{other.mNbSources}
+{
+}
+
+IPluginCapability* AttnResAggregatePlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
+    case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* AttnResAggregatePlugin::clone() noexcept
+{
+    return new (std::nothrow) AttnResAggregatePlugin(*this);
+}
+
+char const* AttnResAggregatePlugin::getPluginName() const noexcept
+{
+    return kAGGREGATE_NAME;
+}
+
+char const* AttnResAggregatePlugin::getPluginVersion() const noexcept
+{
+    return kAGGREGATE_VERSION;
+}
+
+char const* AttnResAggregatePlugin::getPluginNamespace() const noexcept
+{
+    return kPLUGIN_NAMESPACE;
+}
+
+int32_t AttnResAggregatePlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
+    int32_t nbOutputs) noexcept
+{
+    try
+    {
+        if (!checkCounts(nbInputs, nbOutputs))
+        {
+            return -1;
+        }
+        mNbSources = nbInputs - 1;
+        std::vector<Dims> dims(static_cast<size_t>(nbInputs));
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            dims[static_cast<size_t>(i)] = in[i].desc.dims;
+        }
+        return checkShapes(dims.data(), nbInputs) ? 0 : -1;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string{kAGGREGATE_NAME} + ": configurePlugin failed: " + e.what());
+        return -1;
+    }
+}
+
+int32_t AttnResAggregatePlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    if (nbOutputs != 1 || nbInputs < 2)
+    {
+        return -1;
+    }
+    outputTypes[0] = inputTypes[1];
+    return 0;
+}
+
+int32_t AttnResAggregatePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
+    DimsExprs const* /* shapeInputs */, int32_t /* nbShapeInputs */, DimsExprs* outputs, int32_t nbOutputs,
+    nvinfer1::IExprBuilder& /* exprBuilder */) noexcept
+{
+    if (nbOutputs != 1 || nbInputs < 2)
+    {
+        return -1;
+    }
+    outputs[0] = inputs[1];
+    return 0;
+}
+
+bool AttnResAggregatePlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
+{
+    if (nbInputs < 2 || nbInputs - 1 > kMAX_SOURCES || nbOutputs != 1 || pos < 0 || pos >= nbInputs + nbOutputs)
+    {
+        return false;
+    }
+    PluginTensorDesc const& desc = inOut[pos].desc;
+    if (desc.format != TensorFormat::kLINEAR)
+    {
+        return false;
+    }
+    if (pos == 0)
+    {
+        return desc.type == DataType::kFLOAT;
+    }
+    if (pos == 1)
+    {
+        return isSourceType(desc.type);
+    }
+    return desc.type == inOut[1].desc.type;
+}
+
+int32_t AttnResAggregatePlugin::getNbOutputs() const noexcept
+{
+    return 1;
+}
+
+size_t AttnResAggregatePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /* inputs */, int32_t /* nbInputs */,
+    DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
+{
+    return 0;
+}
+
+int32_t AttnResAggregatePlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
+{
+    try
+    {
+        if (!checkCounts(nbInputs, nbOutputs))
+        {
+            return -1;
+        }
+        mNbSources = nbInputs - 1;
+        std::vector<Dims> dims(static_cast<size_t>(nbInputs));
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            dims[static_cast<size_t>(i)] = in[i].dims;
+        }
+        return checkShapes(dims.data(), nbInputs) ? 0 : -1;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string{kAGGREGATE_NAME} + ": onShapeChange failed: " + e.what());
+        return -1;
+    }
+}
+
+int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
+    void const* const* inputs, void* const* outputs, void* /* workspace */, cudaStream_t stream) noexcept
+{
+    Dims const& dims = inputDesc[1].dims;
+    int64_t const d = dims.d[dims.nbDims - 1];
+    if (d > std::numeric_limits<int32_t>::max())
+    {
+        logError(std::string{kAGGREGATE_NAME} + ": last dimension " + std::to_string(d) + " exceeds int32");
+        return -1;
+    }
+    int64_t rows = 1;
+    for (int32_t i = 0; i + 1 < dims.nbDims; ++i)
+    {
+        rows *= dims.d[i];
+    }
+    cudaError_t const status = attnresAggregateLaunch(static_cast<float const*>(inputs[0]), inputs + 1,
+        mNbSources, rows, static_cast<int32_t>(d), mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
+    if (status != cudaSuccess)
+    {
+        logError(std::string{kAGGREGATE_NAME} + ": kernel launch failed: " + cudaGetErrorString(status));
+        return -1;
+    }
+    return 0;
+}
+
+nvinfer1::IPluginV3* AttnResAggregatePlugin::attachToContext(nvinfer1::IPluginResourceContext* /* context */) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* AttnResAggregatePlugin::getFieldsToSerialize() noexcept
+{
+    mFieldsToSerialize.clear();
+    mFieldsToSerialize.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
+    mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
+    mFieldCollection.fields = mFieldsToSerialize.data();
+    return &mFieldCollection;
+}
+
+AttnResAggregatePluginCreator::AttnResAggregatePluginCreator()
+{
+    mFields.emplace_back(kEPS_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
+    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mFieldCollection.fields = mFields.data();
+}
+
+char const* AttnResAggregatePluginCreator::getPluginName() const noexcept
+{
+    return kAGGREGATE_NAME;
+}
+
+char const* AttnResAggregatePluginCreator::getPluginVersion() const noexcept
+{
+    return kAGGREGATE_VERSION;
+}
+
+char const* AttnResAggregatePluginCreator::getPluginNamespace() const noexcept
+{
+    return kPLUGIN_NAMESPACE;
+}
+
+PluginFieldCollection const* AttnResAggregatePluginCreator::getFieldNames() noexcept
+{
+    return &mFieldCollection;
+}
+
+IPluginV3* AttnResAggregatePluginCreator::createPlugin(
+    char const* /* name */, PluginFieldCollection const* fc, nvinfer1::TensorRTPhase /* phase */) noexcept
+{
+    std::string const node{std::string{kAGGREGATE_NAME} + ": "};
+    bool found = false;
+    float eps = 0.F;
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        PluginField const& field = fc->fields[i];
+        if (field.name == nullptr || std::strcmp(field.name, kEPS_FIELD) != 0)
+        {
+            continue;
+        }
+        if (field.length != 1 || field.data == nullptr)
+        {
+            logError(node + "field eps must hold one value");
+            return nullptr;
+        }
+        if (field.type == PluginFieldType::kFLOAT32)
+        {
+            eps = *static_cast<float const*>(field.data);
+        }
+        else if (field.type == PluginFieldType::kFLOAT64)
+        {
+            eps = static_cast<float>(*static_cast<double const*>(field.data));
+        }
+        else
+        {
+            logError(node + "field eps must be float32");
+            return nullptr;
+        }
+        found = true;
+    }
+    if (!found)
+    {
+        logError(node + "required field eps is missing");
+        return nullptr;
+    }
+    if (!std::isfinite(eps) || eps < 0.F)
+    {
+        logError(node + "eps must be finite and >= 0, got " + std::to_string(eps));
+        return nullptr;
+    }
+    return new (std::nothrow) AttnResAggregatePlugin(eps);
+}
+
+} // namespace plugin
+} // namespace attnres

@@ -1,0 +1,29 @@
+"""Shared fixtures: small seeded reference checkpoints, written once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnres.models import ModelConfig, save_checkpoint
+from attnres.models.example import make_example
+
+SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
+
+
+def write_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
+    cfg = ModelConfig(**{**SMALL, **overrides})
+    save_checkpoint(make_example(cfg, seed), cfg, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def block2_checkpoint(checkpoint_dir) -> Path:
+    """Block AttnRes, S = 2, two layers: aggregations with 1, 2 and 3 sources."""
+    return write_checkpoint(checkpoint_dir / "block2.pt", n_layers=2, block_size=2)
