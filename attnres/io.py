@@ -17,12 +17,17 @@ def atomic_write(path: Path) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_umask())
+    os.chmod(tmp, default_file_mode())
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file under the current umask."""
+    return 0o666 & ~_umask()
 
 
 def _umask() -> int:
