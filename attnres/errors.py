@@ -21,3 +21,7 @@ class GraphError(AttnresError):
 
 class ParityError(AttnresError):
     """A backend that could not be run for a parity check."""
+
+
+class EngineError(AttnresError):
+    """A TensorRT engine that cannot be built, loaded or run (missing TensorRT, plugin, profile)."""

@@ -72,17 +72,26 @@ class Report:
         (console or Console()).print(self.table())
 
 
+def run_reference(reference: Runner, shapes: Sequence[tuple[int, ...]], make_feeds: FeedMaker
+                  ) -> dict[tuple[int, ...], dict[str, np.ndarray]]:
+    """The reference outputs per shape (kept by callers that also save them, e.g. for Polygraphy)."""
+    with reference:
+        return {shape: reference.infer(make_feeds(shape)) for shape in shapes}
+
+
 def run_checks(
     reference: Runner,
     runners: Sequence[tuple[Runner, str, Tolerance]],
     shapes: Sequence[tuple[int, ...]],
     make_feeds: FeedMaker,
     progress: Callable[[str], None] | None = None,
+    expected: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
 ) -> Report:
-    """Run ``reference`` and every (runner, dtype, tolerance) on the same feeds for each shape."""
+    """Run ``reference`` (unless its ``expected`` outputs are given) and every (runner, dtype, tolerance) on the
+    same feeds for each shape."""
     report = Report()
-    with reference:
-        expected = {shape: reference.infer(make_feeds(shape)) for shape in shapes}
+    if expected is None:
+        expected = run_reference(reference, shapes, make_feeds)
     for runner, dtype, tol in runners:
         with runner:
             for shape in shapes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from attnres.errors import ParityError
+from attnres.exporter.save import needs_external_data
 from attnres.graphs.emulation import emulate_bfloat16, has_bfloat16
 from attnres.graphs.onnx_utils import attnres_nodes
 from attnres.ops.identity import ORT_TRT_DOMAIN
@@ -70,6 +72,8 @@ class OnnxRuntimeRunner(Runner):
     runs through the bfloat16 emulation (ONNX Runtime CPU has no bfloat16 arithmetic kernels).
     """
 
+    name = "onnxruntime"
+
     def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "") -> None:
         self.source = model
         self.providers = providers or ["CPUExecutionProvider"]
@@ -78,7 +82,7 @@ class OnnxRuntimeRunner(Runner):
         loaded = self._load()
         self.uses_reference_ops = bool(attnres_nodes(loaded.graph) or attnres_nodes(loaded.graph, ORT_TRT_DOMAIN))
         self.emulates_bfloat16 = has_bfloat16(loaded)
-        kind = "onnxruntime+ref-ops" if self.uses_reference_ops else "onnxruntime"
+        kind = self.name + ("+ref-ops" if self.uses_reference_ops else "")
         self.backend = kind + ("+bf16-emulation" if self.emulates_bfloat16 else "")
         self._model = loaded
 
@@ -101,7 +105,7 @@ class OnnxRuntimeRunner(Runner):
             model = ort_reference.with_reference_ops(model)
             options.register_custom_ops_library(ort_reference.library_path())
         try:
-            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=self.providers)
+            self.session = _session(model, options, self.providers)
         except Exception as exc:
             raise ParityError(f"ONNX Runtime could not load {self.artifact or 'the model'}: {exc}") from exc
 
@@ -113,3 +117,39 @@ class OnnxRuntimeRunner(Runner):
 
     def deactivate(self) -> None:
         self.session = None
+
+
+def _session(model: onnx.ModelProto, options, providers: list[str]):
+    """An ONNX Runtime session; models over protobuf's 2 GB limit go through a temporary external-data file."""
+    import onnxruntime as ort
+
+    if not needs_external_data(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    with tempfile.TemporaryDirectory(prefix="attnres-ort-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(_copy(model), str(path), save_as_external_data=True, location="model.onnx.data")
+        return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def cuda_provider_available() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+class OnnxRuntimeCudaRunner(OnnxRuntimeRunner):
+    """ONNX Runtime's CUDA execution provider (onnxruntime-gpu); attnres reference ops still run on the CPU."""
+
+    name = "onnxruntime-cuda"
+
+    def __init__(self, model: onnx.ModelProto | Path, artifact: str = "") -> None:
+        if not cuda_provider_available():
+            raise ParityError("ONNX Runtime has no CUDAExecutionProvider here: install onnxruntime-gpu (in place of "
+                              "onnxruntime) on a machine with an NVIDIA GPU, or use the CPU provider")
+        super().__init__(model, ["CUDAExecutionProvider", "CPUExecutionProvider"], artifact)

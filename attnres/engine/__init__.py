@@ -1,0 +1,1 @@
+"""TensorRT engines: profiles, preflight, build, manifest and benchmark (TensorRT itself is imported lazily)."""

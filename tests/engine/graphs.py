@@ -1,0 +1,51 @@
+"""Small hand-built ONNX models for engine tests (no export, no TensorRT)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+
+def token_model(dims: dict | None = None, batch: str | int = "batch", seq: str | int = "seq",
+                with_metadata: bool = True) -> onnx.ModelProto:
+    """``input_ids [batch, seq]`` -> float logits ``[batch, seq, 1]``, with attnres-export metadata."""
+    ids = oh.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq])
+    out = oh.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, seq, 1])
+    nodes = [oh.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+             oh.make_node("Unsqueeze", ["f", "axes"], ["logits"])]
+    axes = numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")
+    graph = oh.make_graph(nodes, "tokens", [ids], [out], [axes])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    if with_metadata:
+        meta = {"dtype": "float32", "op_set_version": 1, "target": "tensorrt",
+                "dims": dims if dims is not None else {"batch": [1, 2, 8], "seq": [1, 16, 64]},
+                "inputs": {"input_ids": ["batch", "seq"]}}
+        model.metadata_props.append(onnx.StringStringEntryProto(key="attnres.export", value=json.dumps(meta)))
+    return model
+
+
+def aggregate_model(source_type: int = TensorProto.FLOAT, weight_type: int = TensorProto.FLOAT,
+                    version: str | None = "1", namespace: str | None = "attnres", domain: str = "attnres",
+                    with_function: bool = False, second_source_type: int | None = None) -> onnx.ModelProto:
+    """One AttnResAggregate node over two ``[4, 8]`` sources, with the given types and plugin attributes."""
+    attrs = {"eps": 1e-6}
+    if version is not None:
+        attrs["plugin_version"] = version
+    if namespace is not None:
+        attrs["plugin_namespace"] = namespace
+    node = oh.make_node("AttnResAggregate", ["sw", "x0", "x1"], ["h"], name="agg0", domain=domain, **attrs)
+    inputs = [oh.make_tensor_value_info("sw", weight_type, [8]),
+              oh.make_tensor_value_info("x0", source_type, [4, 8]),
+              oh.make_tensor_value_info("x1", second_source_type or source_type, [4, 8])]
+    graph = oh.make_graph([node], "agg", inputs, [oh.make_tensor_value_info("h", source_type, [4, 8])])
+    functions = []
+    if with_function:
+        body = [oh.make_node("Identity", ["x0"], ["h"])]
+        functions.append(oh.make_function(domain, "AttnResAggregate", ["sw", "x0", "x1"], ["h"], body,
+                                          [oh.make_opsetid("", 18)]))
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(domain, 1)],
+                         functions=functions)

@@ -1,0 +1,46 @@
+"""Benchmark statistics and the bench command on ONNX Runtime CPU (no timing assertions)."""
+
+from __future__ import annotations
+
+import onnx
+from typer.testing import CliRunner
+
+from attnres.cli import app
+from attnres.engine.bench import HostClock, Workload, measure, ratio_lines
+from tests.engine.graphs import token_model
+
+
+def workload(latencies: list[float], artifact: str = "a") -> Workload:
+    return Workload(artifact, "test", (4, 32), lambda: None, HostClock(), list(latencies))
+
+
+def test_percentiles_and_throughput_come_from_the_recorded_latencies():
+    w = workload([float(i) for i in range(1, 101)])
+    assert w.percentile(50) == 50.5 and round(w.percentile(90), 2) == 90.1 and round(w.percentile(99), 2) == 99.01
+    sequences, tokens = w.throughput()
+    assert sequences == 4 / 0.0505 and tokens == 4 * 32 / 0.0505
+
+
+def test_measure_alternates_workloads_after_the_warm_up():
+    order: list[str] = []
+    a = Workload("a", "t", (1, 1), lambda: order.append("a"), HostClock())
+    b = Workload("b", "t", (1, 1), lambda: order.append("b"), HostClock())
+    measure([a, b], iterations=3, warmup=1)
+    assert order == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    assert len(a.latencies_ms) == len(b.latencies_ms) == 3
+
+
+def test_ratio_is_the_second_median_over_the_first():
+    (line,) = ratio_lines([(workload([2.0]), workload([3.0], "b"))])
+    assert line == "b / a at 4x32: 1.500x median latency"
+
+
+def test_bench_cli_times_onnx_on_cpu_and_compares_two_artifacts(tmp_path):
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    onnx.save(token_model(), str(first))
+    onnx.save(token_model(), str(second))
+    result = CliRunner().invoke(app, ["bench", str(first), "--compare", str(second), "--iterations", "3",
+                                      "--warmup", "1", "--shapes", "2,4", "--shapes", "1,8"])
+    assert result.exit_code == 0, result.output
+    assert "perf_counter (host)" in result.output and "(CPU)" in result.output
+    assert "b.onnx / a.onnx at 2x4" in result.output and "b.onnx / a.onnx at 1x8" in result.output

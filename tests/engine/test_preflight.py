@@ -1,0 +1,88 @@
+"""Preflight against a registry listing built by hand: each way a node can miss our plugin is named."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from onnx import TensorProto
+
+from attnres.engine.preflight import preflight, registry_listing
+from tests.engine.graphs import aggregate_model
+
+REGISTRY = [("AttnResAggregate", "1", "attnres"), ("OtherPlugin", "1", "")]
+LIBS = ["/opt/attnres/libattnres_trt.so"]
+
+
+def messages(result) -> str:
+    return "\n".join(result.lines())
+
+
+def test_matching_creator_passes_with_no_findings():
+    result = preflight(aggregate_model(), REGISTRY, (10, 8), LIBS)
+    assert result.ok and result.problems == []
+    assert result.requests[0].key == ("AttnResAggregate", "1", "attnres")
+
+
+def test_version_mismatch_names_request_registry_and_libraries():
+    result = preflight(aggregate_model(version="2"), REGISTRY, (10, 8), LIBS)
+    text = messages(result)
+    assert not result.ok
+    assert "version mismatch" in text and "version '2'" in text and "version '1' namespace 'attnres'" in text
+    assert LIBS[0] in text
+
+
+def test_namespace_mismatch_is_reported_as_such():
+    result = preflight(aggregate_model(namespace=None), REGISTRY, (10, 8), LIBS)
+    assert not result.ok
+    assert "namespace mismatch" in messages(result) and "namespace ''" in messages(result)
+
+
+def test_missing_creator_says_which_libraries_were_loaded():
+    result = preflight(aggregate_model(), [("OtherPlugin", "1", "")], (10, 8), [])
+    assert not result.ok
+    assert "no AttnResAggregate creator at all" in messages(result)
+    assert "libraries loaded: none" in messages(result)
+
+
+def test_function_shadowing_is_fatal_before_tensorrt_10_7():
+    result = preflight(aggregate_model(with_function=True), REGISTRY, (10, 6), LIBS)
+    assert not result.ok and "(< 10.7) inlines the function" in messages(result)
+
+
+def test_function_shadowing_is_a_warning_from_tensorrt_10_7_when_the_node_has_a_namespace():
+    result = preflight(aggregate_model(with_function=True), REGISTRY, (10, 7), LIBS)
+    assert result.ok
+    assert messages(result).startswith("warning:") and "prefers the registered plugin" in messages(result)
+
+
+def test_function_shadowing_without_plugin_namespace_is_fatal_on_any_version():
+    registry = [*REGISTRY, ("AttnResAggregate", "1", "")]
+    result = preflight(aggregate_model(namespace=None, with_function=True), registry, (11, 1), LIBS)
+    assert not result.ok and "no plugin_namespace" in messages(result)
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"source_type": TensorProto.DOUBLE}, "sources are double"),
+    ({"weight_type": TensorProto.FLOAT16, "source_type": TensorProto.FLOAT16}, "score_weight is float16"),
+    ({"second_source_type": TensorProto.FLOAT16}, "mixed types"),
+])
+def test_unsupported_input_dtypes_are_refused(kwargs, expected):
+    result = preflight(aggregate_model(**kwargs), REGISTRY, (10, 8), LIBS)
+    assert not result.ok and expected in messages(result)
+
+
+@pytest.mark.parametrize("source_type", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_supported_source_dtypes_pass(source_type):
+    assert preflight(aggregate_model(source_type=source_type), REGISTRY, (10, 8), LIBS).ok
+
+
+def test_ort_trt_domain_nodes_are_checked_too():
+    result = preflight(aggregate_model(domain="trt.plugins", version="3"), REGISTRY, (10, 8), LIBS)
+    assert not result.ok and "version mismatch" in messages(result)
+
+
+def test_registry_listing_reads_v3_creators_from_tensorrt():
+    creator = SimpleNamespace(name="AttnResAggregate", plugin_version="1", plugin_namespace="attnres")
+    trt = SimpleNamespace(get_plugin_registry=lambda: SimpleNamespace(all_creators=[creator]))
+    assert registry_listing(trt) == [("AttnResAggregate", "1", "attnres")]

@@ -1,0 +1,64 @@
+"""``attnres check`` end to end on the CPU: the TensorRT-bound ONNX (reference ops), portable and ort-trt."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from attnres.cli import app
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["check", *map(str, args)])
+
+
+def test_check_passes_for_tensorrt_portable_and_ort_trt_onnx_at_the_default_shapes(artifacts, tmp_path):
+    report = tmp_path / "report.json"
+    result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--onnx", artifacts.portable,
+                    "--onnx", artifacts.ort_trt, "--report", report)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["ok"] is True
+    assert {c["artifact"] for c in data["checks"]} == {"tiny.tensorrt.onnx", "tiny.portable.onnx",
+                                                      "tiny.ort-trt.onnx"}
+    assert {tuple(c["shape"]) for c in data["checks"]} == {(2, 4), (3, 1)}
+    assert {c["backend"] for c in data["checks"]} == {"onnxruntime+ref-ops", "onnxruntime"}
+    for column in ("backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2", "cosine", "pass"):
+        assert column in result.output
+
+
+def test_a_perturbed_onnx_misses_its_bar_and_check_exits_1(artifacts, tmp_path):
+    report = tmp_path / "report.json"
+    result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--onnx", artifacts.perturbed,
+                    "--shapes", "2,4", "--report", report)
+    assert result.exit_code == 1
+    assert "parity check failed" in result.output and "NO" in result.output
+    verdicts = {c["artifact"]: c["ok"] for c in json.loads(report.read_text())["checks"]}
+    assert verdicts == {"tiny.tensorrt.onnx": True, "tiny.perturbed.onnx": False}
+
+
+def test_a_loose_enough_tol_override_lets_the_perturbed_onnx_pass(artifacts):
+    result = invoke(artifacts.checkpoint, "--onnx", artifacts.perturbed, "--shapes", "1,3",
+                    "--tol", "float32:10:-1")
+    assert result.exit_code == 0, result.output
+
+
+def test_explicit_shapes_replace_the_metadata_defaults(artifacts, tmp_path):
+    report = tmp_path / "r.json"
+    result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", "1,5", "--report", report)
+    assert result.exit_code == 0, result.output
+    assert [c["shape"] for c in json.loads(report.read_text())["checks"]] == [[1, 5]]
+
+
+def test_check_without_artifacts_or_with_a_bad_shape_exits_1_with_one_line(artifacts):
+    assert "pass at least one --onnx" in invoke(artifacts.checkpoint).output
+    result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", "2x4")
+    assert result.exit_code == 1 and "expected B,T" in result.output
+
+
+def test_an_engine_without_manifest_is_refused(artifacts, tmp_path):
+    engine = tmp_path / "x.engine"
+    engine.write_bytes(b"")
+    result = invoke(artifacts.checkpoint, "--engine", engine)
+    assert result.exit_code == 1 and "no manifest x.engine.json" in result.output
