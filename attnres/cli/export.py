@@ -12,29 +12,41 @@ from attnres.errors import AttnresError
 
 
 def export(
-    model: Annotated[Path, typer.Argument(help="attnres checkpoint (.pt) to export.")],
+    model: Annotated[Path, typer.Argument(
+        help="attnres checkpoint (.pt), torch.export program (.pt2), ONNX file, or pickled module (--trust-pickle).")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="ONNX file to write.")] = None,
     target: Annotated[str, typer.Option(help="tensorrt (fused attnres nodes) or portable (standard ops).")] =
     "tensorrt",
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16 weights and activations.")] = "float32",
-    opset: Annotated[int, typer.Option(help="Default-domain ONNX opset (17..23).")] = 18,
+    opset: Annotated[int, typer.Option(help="Default-domain ONNX opset (18..23).")] = 18,
     batch: Annotated[str, typer.Option(help="Batch range MIN:OPT:MAX.")] = "1:1:8",
     seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [1:64:max_seq_len].")] = None,
     report: Annotated[Path | None, typer.Option(help="Write the parity report as JSON here.")] = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Run the ONNX Runtime parity check.")] = True,
     seed: Annotated[int, typer.Option(help="Seed of the check's random inputs.")] = 0,
     tol: Annotated[list[str] | None, typer.Option(help="Override a pass bar: DTYPE:rel_l2:cosine.")] = None,
+    example_shape: Annotated[list[str] | None, typer.Option(
+        "--example-shape", help="Foreign models: an input's shape NAME:d0,d1,...[:DTYPE] (repeatable).")] = None,
+    trust_pickle: Annotated[bool, typer.Option(
+        "--trust-pickle", help="Unpickle a whole nn.Module (runs code from the file; only for files you trust).")] =
+    False,
+    imports: Annotated[list[str] | None, typer.Option(
+        "--import", help="Module to import before unpickling, for the model's classes (repeatable).")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Foreign models: integer inputs are drawn from [0, VOCAB).")] =
+    None,
     debug: DebugOption = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     if debug:
         set_debug(True)
-    _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol or [])
+    foreign = (example_shape or [], trust_pickle, imports or [], vocab)
+    _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol or [], foreign)
 
 
 @friendly_errors
-def _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol) -> None:
-    from attnres.exporter.export import ExportOptions, export_checkpoint
+def _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol, foreign) -> None:
+    from attnres.exporter.export import ExportOptions
+    from attnres.exporter.foreign import ForeignOptions, export_any, parse_example_shape
     from attnres.exporter.ranges import DimRange
     from attnres.parity.metrics import parse_tolerance
 
@@ -45,10 +57,14 @@ def _export(model, output, target, dtype, opset, batch, seq, report, check, seed
         batch=DimRange.parse(batch, "batch"), seq=DimRange.parse(seq, "seq") if seq else None,
         check=check, seed=seed, tolerances=dict(parse_tolerance(t) for t in tol),
     )
+    shapes, trust, imports, vocab = foreign
+    foreign_opts = ForeignOptions(dict(map(parse_example_shape, shapes)), trust, imports, vocab)
     with console.status("exporting") as status:
-        result = export_checkpoint(opts, status=lambda text: status.update(text))
+        result = export_any(opts, foreign_opts, status=lambda text: status.update(text))
+    if getattr(result, "fusion", None) is not None:
+        console.print(result.fusion.table())
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
-                  f"{result.fused_nodes} AttnResAggregate nodes "
+                  f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
                   f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
     if result.report is None:
         return

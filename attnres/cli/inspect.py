@@ -35,8 +35,7 @@ def _inspect_checkpoint(file: Path) -> None:
     for key, value in cfg.to_dict().items():
         table.add_row(key, str(value))
     table.add_row("parameters", f"{sum(p.numel() for p in model.parameters()):,}")
-    table.add_row("depth aggregations", str(model.aggregation_count()) if hasattr(model, "aggregation_count")
-                  else "0")
+    table.add_row("fused attnres ops", str(model.fused_node_count()))
     console.print(table)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ EXPORT_KEY = "attnres.export"
 """Model metadata: how the file was exported (dtype, target, dim ranges: the defaults of `attnres build`)."""
 
 DEFAULT_OPSET = 18
-SUPPORTED_OPSETS = range(17, 24)
+SUPPORTED_OPSETS = range(18, 24)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ExportResult:
     fused_nodes: int
     expected_aggregations: int
     report: Report | None
+    fused_by_type: dict[str, int] = field(default_factory=dict)
 
 
 def validate_options(opts: ExportOptions) -> None:
@@ -84,10 +86,12 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
 
     status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset})")
     onnx_model = _export(model, ranges, opts)
-    fused = len(attnres_nodes(onnx_model.graph))
-    expected = model.aggregation_count()
+    fused_nodes = attnres_nodes(onnx_model.graph)
+    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
+    expected = model.fused_node_count()
     if fused != expected:
-        raise ExportError(f"expected {expected} AttnResAggregate nodes, the export has {fused}; please report this")
+        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
+                          "please report this")
     meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
             "target": opts.target, "arch": cfg.arch, "dims": {k: v.as_list() for k, v in ranges.items()},
             "inputs": {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}}
@@ -103,7 +107,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     if opts.check:
         report = check_export(model, onnx_model, out, ranges, opts, status)
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out)})
-    return ExportResult(out, files, fused, expected, report)
+    return ExportResult(out, files, fused, expected, report, fused_by_type)
 
 
 def _export(model: torch.nn.Module, ranges: dict[str, DimRange], opts: ExportOptions) -> onnx.ModelProto:

@@ -14,11 +14,19 @@ from torch import nn
 
 from attnres.errors import ExportError
 from attnres.exporter.ranges import DimRange
-from attnres.graphs.schemas import aggregate_trace_schema, register_schemas
-from attnres.ops.identity import AGGREGATE, DOMAIN, OPSET_VERSION, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from attnres.graphs.schemas import aggregate_trace_schema, register_schemas, residual_attention_schema
+from attnres.ops.identity import (
+    AGGREGATE,
+    DOMAIN,
+    OPSET_VERSION,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    RESIDUAL_ATTENTION,
+)
 
 _ATTNRES_OPSET = onnxscript.values.Opset(DOMAIN, OPSET_VERSION)
 _AGGREGATE_OP = onnxscript.values.Op(_ATTNRES_OPSET, AGGREGATE, aggregate_trace_schema())
+_RESIDUAL_ATTENTION_OP = onnxscript.values.Op(_ATTNRES_OPSET, RESIDUAL_ATTENTION, residual_attention_schema())
 
 
 def _translate_aggregate(score_weight, sources, eps: float):
@@ -27,9 +35,20 @@ def _translate_aggregate(score_weight, sources, eps: float):
     )
 
 
+def _translate_residual_attention(q, k, v, prev_scores, mask_bias, scale: float, logit_divisor: float):
+    """One node with two outputs; an absent optional input becomes an empty input name."""
+    return _RESIDUAL_ATTENTION_OP(
+        q, k, v, prev_scores, mask_bias, scale=scale, logit_divisor=logit_divisor,
+        plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
+    )
+
+
 def translation_table() -> dict:
     """The custom-op translations torch.onnx needs for the attnres op set."""
-    return {torch.ops.attnres.aggregate.default: _translate_aggregate}
+    return {
+        torch.ops.attnres.aggregate.default: _translate_aggregate,
+        torch.ops.attnres.residual_score_attention.default: _translate_residual_attention,
+    }
 
 
 def export_module(

@@ -7,12 +7,13 @@ import functools
 import onnx
 from onnx.defs import OpSchema
 
-from attnres.ops.identity import AGGREGATE, DOMAIN, MAX_SOURCES, OPSET_VERSION
+from attnres.ops.identity import AGGREGATE, DOMAIN, MAX_SOURCES, OPSET_VERSION, RESIDUAL_ATTENTION
 
 STORAGE_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 _P = OpSchema.FormalParameter
 _VARIADIC = OpSchema.FormalParameterOption.Variadic
+_OPTIONAL = OpSchema.FormalParameterOption.Optional
 
 
 def _plugin_attributes() -> list[OpSchema.Attribute]:
@@ -64,8 +65,43 @@ def aggregate_trace_schema() -> OpSchema:
     )
 
 
+def residual_attention_schema() -> OpSchema:
+    """The public schema of ResidualScoreAttention (SPEC 4); torch.onnx also traces with it.
+
+    Optional inputs bind one argument each (unlike variadics); an absent one is an empty input name.
+    """
+    return OpSchema(
+        RESIDUAL_ATTENTION,
+        DOMAIN,
+        OPSET_VERSION,
+        doc="Attention whose raw scores add the previous layer's (RealFormer, SPEC 3).",
+        inputs=[
+            _P("q", "T", "queries [B, H, Tq, dh]"),
+            _P("k", "T", "keys [B, H, Tk, dh]"),
+            _P("v", "T", "values [B, H, Tk, dv]"),
+            _P("prev_scores", "tensor(float)", "previous running score sum [B, H, Tq, Tk]; absent at the first layer",
+               param_option=_OPTIONAL),
+            _P("mask_bias", "tensor(float)", "additive bias broadcastable to [B, H, Tq, Tk]; not carried",
+               param_option=_OPTIONAL),
+        ],
+        outputs=[
+            _P("out", "T", "attention output [B, H, Tq, dv]"),
+            _P("scores", "tensor(float)", "scale*QK^T + prev_scores [B, H, Tq, Tk], pre-mask and pre-divisor"),
+        ],
+        type_constraints=[("T", STORAGE_TYPES, "storage type of q, k, v and out")],
+        attributes=[
+            OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "multiplies QK^T (1/sqrt(dh))", required=True),
+            OpSchema.Attribute("logit_divisor", OpSchema.AttrType.FLOAT, "divides the scores before the mask",
+                               required=True),
+            *_plugin_attributes(),
+        ],
+    )
+
+
 @functools.cache
 def register_schemas() -> None:
     """Register the domain's schemas once per process (onnx keeps a global registry)."""
     if not onnx.defs.has(AGGREGATE, DOMAIN):
         onnx.defs.register_schema(aggregate_schema())
+    if not onnx.defs.has(RESIDUAL_ATTENTION, DOMAIN):
+        onnx.defs.register_schema(residual_attention_schema())

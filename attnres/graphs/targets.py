@@ -9,6 +9,7 @@ from onnx import helper as oh
 
 from attnres.errors import GraphError
 from attnres.graphs.decompose import decompose_aggregate
+from attnres.graphs.decompose_attention import decompose_residual_attention
 from attnres.graphs.onnx_utils import (
     attnres_nodes,
     attribute,
@@ -20,11 +21,27 @@ from attnres.graphs.onnx_utils import (
     unique_namer,
 )
 from attnres.graphs.types import value_types
-from attnres.ops.identity import AGGREGATE, DOMAIN, OPSET_VERSION, ORT_TRT_DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from attnres.ops.identity import (
+    AGGREGATE,
+    DOMAIN,
+    OPSET_VERSION,
+    ORT_TRT_DOMAIN,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    RESIDUAL_ATTENTION,
+)
 
 TARGETS = ("tensorrt", "portable", "ort-trt")
 PORTABLE_KEY = "attnres.portable_nodes"
-"""Model metadata listing the fused nodes a portable model decomposed, so it can be converted back."""
+"""Model metadata listing the fused nodes a portable model decomposed, so it can be converted back.
+
+One record per node: ``name``, ``op_type``, ``inputs`` (``""`` for an absent optional input), ``outputs`` and
+``attributes`` (all but the plugin ones, which are re-added)."""
+
+_DECOMPOSITIONS = {AGGREGATE: (decompose_aggregate, 1), RESIDUAL_ATTENTION: (decompose_residual_attention, 0)}
+"""Op type -> (decomposition, index of the input whose type is the storage type)."""
+
+_PLUGIN_ATTRIBUTES = ("plugin_version", "plugin_namespace")
 
 
 def detect_target(model: onnx.ModelProto) -> str:
@@ -53,11 +70,17 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     return out
 
 
-def _fused_node(name: str, inputs: list[str], output: str, eps: float, domain: str = DOMAIN) -> onnx.NodeProto:
+def _fused_node(record: dict) -> onnx.NodeProto:
     return oh.make_node(
-        AGGREGATE, inputs, [output], name=name, domain=domain,
-        eps=eps, plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
+        record["op_type"], record["inputs"], record["outputs"], name=record["name"], domain=DOMAIN,
+        **record["attributes"], plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
     )
+
+
+def _record(node: onnx.NodeProto) -> dict:
+    attributes = {a.name: attribute(node, a.name) for a in node.attribute if a.name not in _PLUGIN_ATTRIBUTES}
+    return {"name": node.name, "op_type": node.op_type, "inputs": list(node.input), "outputs": list(node.output),
+            "attributes": attributes}
 
 
 def _decompose(model: onnx.ModelProto) -> None:
@@ -73,13 +96,13 @@ def _decompose(model: onnx.ModelProto) -> None:
         if node.domain != DOMAIN:
             nodes.append(node)
             continue
-        if node.op_type != AGGREGATE:
+        if node.op_type not in _DECOMPOSITIONS:
             raise GraphError(f"node {node.name!r}: no portable decomposition for attnres op {node.op_type!r}")
         if not node.name:
-            node.name = f"{AGGREGATE}_{index}"
-        nodes.extend(decompose_aggregate(node, types[node.input[1]], opset, fresh))
-        records.append({"name": node.name, "inputs": list(node.input), "output": node.output[0],
-                        "eps": float(attribute(node, "eps"))})
+            node.name = f"{node.op_type}_{index}"
+        decomposition, storage_input = _DECOMPOSITIONS[node.op_type]
+        nodes.extend(decomposition(node, types[node.input[storage_input]], opset, fresh))
+        records.append(_record(node))
     replace_nodes(graph, nodes)
     set_domain_import(model, DOMAIN, None)
     set_metadata(model, PORTABLE_KEY, json.dumps(records))
@@ -94,7 +117,10 @@ def _refuse_unless_recorded(model: onnx.ModelProto) -> None:
 
 
 def _recompose(model: onnx.ModelProto) -> None:
-    """Replace each recorded decomposition (nodes named ``<name>/...``) by its fused node."""
+    """Replace each recorded decomposition (nodes named ``<name>/...``) by its fused node.
+
+    The fused node goes where the last of its outputs was computed: every input is available there.
+    """
     graph = model.graph
     records = json.loads(metadata(model)[PORTABLE_KEY])
     by_prefix = {f"{r['name']}/": r for r in records}
@@ -107,11 +133,13 @@ def _recompose(model: onnx.ModelProto) -> None:
             continue
         pending[prefix].append(node)
         record = by_prefix[prefix]
-        if record["output"] in node.output:
-            nodes.append(_fused_node(record["name"], record["inputs"], record["output"], record["eps"]))
+        produced = {o for n in pending[prefix] for o in n.output}
+        wanted = [o for o in record["outputs"] if o]
+        if set(node.output) & set(wanted) and produced.issuperset(wanted):
+            nodes.append(_fused_node(record))
     missing = [r["name"] for p, r in by_prefix.items() if not pending[p]]
     if missing:
-        raise GraphError(f"recorded aggregations {missing[:3]} are not in the graph any more; re-export the model")
+        raise GraphError(f"recorded attnres nodes {missing[:3]} are not in the graph any more; re-export the model")
     replace_nodes(graph, nodes)
     set_domain_import(model, DOMAIN, OPSET_VERSION)
     set_metadata(model, PORTABLE_KEY, None)

@@ -215,3 +215,7 @@ class AttnResLM(nn.Module):
     def aggregation_count(self) -> int:
         """Number of depth aggregations one forward pass performs (0 for standard residuals)."""
         return 0 if self.config.residual == "standard" else self.config.n_sublayers + 1
+
+    def fused_node_count(self) -> int:
+        """attnres nodes an export holds: one AttnResAggregate per aggregation."""
+        return self.aggregation_count()

@@ -1,8 +1,21 @@
 """The attnres op set on the PyTorch side: custom ops, their reference math and a NumPy reference."""
 
 from attnres.ops.aggregate import attnres_aggregate, attnres_aggregate_reference
-from attnres.ops.identity import AGGREGATE, DOMAIN, MAX_SOURCES, PLUGIN_NAMESPACE, PLUGIN_VERSION
-from attnres.ops.numpy_ref import attnres_aggregate_numpy, attnres_aggregate_numpy_in
+from attnres.ops.identity import (
+    AGGREGATE,
+    DOMAIN,
+    MAX_SOURCES,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    RESIDUAL_ATTENTION,
+)
+from attnres.ops.numpy_ref import (
+    attnres_aggregate_numpy,
+    attnres_aggregate_numpy_in,
+    residual_score_attention_numpy,
+    residual_score_attention_numpy_in,
+)
+from attnres.ops.residual_attention import residual_score_attention, residual_score_attention_reference
 
 __all__ = [
     "AGGREGATE",
@@ -10,8 +23,13 @@ __all__ = [
     "MAX_SOURCES",
     "PLUGIN_NAMESPACE",
     "PLUGIN_VERSION",
+    "RESIDUAL_ATTENTION",
     "attnres_aggregate",
     "attnres_aggregate_numpy",
     "attnres_aggregate_numpy_in",
     "attnres_aggregate_reference",
+    "residual_score_attention",
+    "residual_score_attention_numpy",
+    "residual_score_attention_numpy_in",
+    "residual_score_attention_reference",
 ]

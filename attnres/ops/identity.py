@@ -23,5 +23,8 @@ AGGREGATE = "AttnResAggregate"
 MAX_SOURCES = 256
 """Most sources one AttnResAggregate node takes."""
 
-FUSED_OP_TYPES = (AGGREGATE,)
+RESIDUAL_ATTENTION = "ResidualScoreAttention"
+"""Op type of one RealFormer attention with residual scores (SPEC 3, 4); also the TensorRT plugin name."""
+
+FUSED_OP_TYPES = (AGGREGATE, RESIDUAL_ATTENTION)
 """Every op type the attnres domain defines."""

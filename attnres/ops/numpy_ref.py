@@ -24,3 +24,43 @@ def attnres_aggregate_numpy_in(
     weights = np.exp(logits)
     weights = weights / weights.sum(axis=0, keepdims=True)
     return (weights[..., None] * stacked).sum(axis=0)
+
+
+def residual_score_attention_numpy(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    prev_scores: np.ndarray | None,
+    mask_bias: np.ndarray | None,
+    scale: float,
+    logit_divisor: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """SPEC 3 in float32: ``out`` in q's dtype and ``scores`` float32 (scale*QK^T + prev, pre-mask)."""
+    out, scores = residual_score_attention_numpy_in(
+        np.float32, q, k, v, prev_scores, mask_bias, scale, logit_divisor
+    )
+    return out.astype(q.dtype), scores
+
+
+def residual_score_attention_numpy_in(
+    compute_dtype: type,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    prev_scores: np.ndarray | None,
+    mask_bias: np.ndarray | None,
+    scale: float,
+    logit_divisor: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """SPEC 3 computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
+    qf, kf, vf = (np.asarray(t, dtype=compute_dtype) for t in (q, k, v))
+    scores = (qf @ np.swapaxes(kf, -1, -2)) * compute_dtype(scale)
+    if prev_scores is not None:
+        scores = scores + np.asarray(prev_scores, dtype=compute_dtype)
+    logits = scores / compute_dtype(logit_divisor)
+    if mask_bias is not None:
+        logits = logits + np.asarray(mask_bias, dtype=compute_dtype)
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits)
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    return weights @ vf, scores
