@@ -3,7 +3,7 @@
 Each command lives in its own module of this package and registers itself on ``app`` when imported.
 """
 
-from attnres.cli import convert, example, export, inspect
+from attnres.cli import bench, build, check, convert, example, export, fuse, inspect
 from attnres.cli._app import app, export_app
 from attnres.plugins.cli import plugin_app
 
@@ -15,4 +15,5 @@ def export_main() -> None:
     export_app(prog_name="attnres-export")
 
 
-__all__ = ["app", "convert", "example", "export", "export_app", "export_main", "inspect"]
+__all__ = ["app", "bench", "build", "check", "convert", "example", "export", "export_app", "export_main", "fuse",
+           "inspect"]

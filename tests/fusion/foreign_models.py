@@ -1,0 +1,210 @@
+"""AttnRes models written the way other codebases write them, so fusion is tested on graphs we did not design.
+
+Each is a tiny LM (embedding, ``n_sub`` MLP sublayers, a final aggregation, an LM head) with random non-zero
+pseudo-queries. ``aggregations`` is how many depth aggregations the model computes per forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, DIM, N_SUB = 50, 32, 4
+
+
+class Mlp(nn.Module):
+    """A PreNorm MLP sublayer (the sublayer itself does not matter to fusion)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(self.norm(x))))
+
+
+class ForeignLM(nn.Module):
+    """Embedding, sublayers and head shared by the styles below; subclasses define ``forward``."""
+
+    aggregations = N_SUB + 1
+
+    def __init__(self, dim: int = DIM, n_sub: int = N_SUB, vocab: int = VOCAB, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.dim, self.n_sub = dim, n_sub
+        self.embed = nn.Embedding(vocab, dim)
+        self.sublayers = nn.ModuleList(Mlp(dim) for _ in range(n_sub))
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def queries(self, count: int) -> nn.Parameter:
+        return nn.Parameter(torch.randn(count, self.dim) * 0.5)
+
+
+class StackEinsumLM(ForeignLM):
+    """(a) Full AttnRes: a Python list of sources, ``torch.stack`` on dim 0, rsqrt RMSNorm with a gain, einsum."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(self.n_sub + 1, self.dim))
+        self.eps = 1e-6
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        values = torch.stack(sources, dim=0)
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        weights = torch.einsum("nbtd,d->nbt", keys, self.query[i]).softmax(dim=0)
+        return torch.einsum("nbt,nbtd->btd", weights, values)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        sources = [self.embed(input_ids)]
+        for i, layer in enumerate(self.sublayers):
+            sources.append(layer(self.aggregate(sources, i)))
+        return self.head(self.aggregate(sources, self.n_sub))
+
+
+class BufferBlockLM(ForeignLM):
+    """(b) Block AttnRes (S = 2) over a pre-allocated ``[n, B, T, D]`` buffer; weightless RMSNorm; float32 casts."""
+
+    aggregations = N_SUB + 1
+    block = 2
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.eps = 1e-5
+
+    def aggregate(self, values: torch.Tensor, i: int) -> torch.Tensor:
+        v = values.float()
+        norm = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + self.eps)
+        weights = (norm * self.query[i].float()).sum(-1).softmax(dim=0)
+        return (weights.unsqueeze(-1) * v).sum(0).to(values.dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        n_blocks = 1 + math.ceil(self.n_sub / self.block)
+        buffer = emb.new_zeros((n_blocks + 1, *emb.shape))
+        buffer[0] = emb
+        done, partial = 1, None
+        for j, layer in enumerate(self.sublayers):
+            if partial is None:
+                h = self.aggregate(buffer[:done], j)
+            else:
+                buffer[done] = partial
+                h = self.aggregate(buffer[: done + 1], j)
+            out = layer(h)
+            partial = out if partial is None else partial + out
+            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
+                buffer[done] = partial
+                done, partial = done + 1, None
+        return self.head(self.aggregate(buffer[:done], self.n_sub))
+
+
+class TokenMajorLM(ForeignLM):
+    """(c) Full AttnRes with token-major ``[B*T, n, D]`` sources, ``Linear(d, 1)`` scorers holding ``g * w``,
+    a constant logit scale and a batched matmul for the weighted sum."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.scorers = nn.ModuleList(nn.Linear(self.dim, 1, bias=False) for _ in range(self.n_sub + 1))
+        for scorer in self.scorers:
+            nn.init.normal_(scorer.weight, std=1.0)
+        self.scale = 0.7
+        self.eps = 1e-6
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        b, t, d = sources[0].shape
+        values = torch.stack(sources, dim=2).reshape(b * t, len(sources), d)
+        normed = values * (values.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()
+        weights = (self.scorers[i](normed) * self.scale).softmax(dim=1)
+        return torch.bmm(weights.transpose(1, 2), values).reshape(b, t, d)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        sources = [self.embed(input_ids)]
+        for i, layer in enumerate(self.sublayers):
+            sources.append(layer(self.aggregate(sources, i)))
+        return self.head(self.aggregate(sources, self.n_sub))
+
+
+class TorchRMSNormLM(ForeignLM):
+    """(d) Block AttnRes (S = 2) with ``nn.RMSNorm`` key norms; sources scored one by one and kept separate."""
+
+    block = 2
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.norms = nn.ModuleList(nn.RMSNorm(self.dim, eps=1e-6) for _ in range(self.n_sub + 1))
+        for norm in self.norms:
+            nn.init.normal_(norm.weight, mean=1.0, std=0.1)
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        scores = torch.stack([self.norms[i](v) @ self.query[i] for v in sources], dim=-1)
+        weights = scores.softmax(dim=-1)
+        return sum(weights[..., k : k + 1] * v for k, v in enumerate(sources))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        blocks, partial = [self.embed(input_ids)], None
+        for j, layer in enumerate(self.sublayers):
+            h = self.aggregate(blocks if partial is None else [*blocks, partial], j)
+            out = layer(h)
+            partial = out if partial is None else partial + out
+            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
+                blocks.append(partial)
+                partial = None
+        return self.head(self.aggregate(blocks, self.n_sub))
+
+
+class _NegativeLM(StackEinsumLM):
+    """Like (a), but each aggregation is changed so that it is not AttnRes; nothing may be fused."""
+
+    aggregations = 0
+
+
+class SoftmaxOverTokensLM(_NegativeLM):
+    """The softmax runs over the token axis instead of the source axis."""
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        values = torch.stack(sources, dim=0)
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        weights = torch.einsum("nbtd,d->nbt", keys, self.query[i]).softmax(dim=2)
+        return torch.einsum("nbt,nbtd->btd", weights, values)
+
+
+class InputQueryLM(_NegativeLM):
+    """The query depends on the input (the mean embedding of the sequence), so it cannot be folded."""
+
+    def aggregate_with(self, sources: list[torch.Tensor], query: torch.Tensor) -> torch.Tensor:
+        values = torch.stack(sources, dim=0)
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps)
+        weights = (keys * query).sum(-1).softmax(dim=0)
+        return (weights.unsqueeze(-1) * values).sum(0)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        sources = [self.embed(input_ids)]
+        query = sources[0].mean(dim=1, keepdim=True)
+        for layer in self.sublayers:
+            sources.append(layer(self.aggregate_with(sources, query)))
+        return self.head(self.aggregate_with(sources, query))
+
+
+class NoNormLM(_NegativeLM):
+    """The keys are not normalized: plain dot products with the query."""
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        values = torch.stack(sources, dim=0)
+        weights = torch.einsum("nbtd,d->nbt", values, self.query[i] * 0.2).softmax(dim=0)
+        return torch.einsum("nbt,nbtd->btd", weights, values)
+
+
+POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token-major": TokenMajorLM,
+            "torch-rmsnorm": TorchRMSNormLM}
+NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}
+
+
+def example_ids(batch: int = 2, seq: int = 5, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,59 @@
+"""Exporting the foreign test models the two ways users do, and checking a fused ONNX against PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from attnres.ops.identity import AGGREGATE, DOMAIN
+from attnres.parity.metrics import DEFAULT_TOLERANCES, compare
+from attnres.parity.runners import OnnxRuntimeRunner
+from tests.fusion.foreign_models import example_ids
+
+
+def dynamic_shapes() -> tuple:
+    return ({0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=64)},)
+
+
+def save_program(model: torch.nn.Module, path: Path) -> Path:
+    """``torch.export.save`` of ``model`` with dynamic batch and sequence (what a user hands to attnres-export)."""
+    torch.export.save(torch.export.export(model, (example_ids(),), dynamic_shapes=dynamic_shapes()), path)
+    return path
+
+
+def plain_onnx(cls: type[torch.nn.Module], opset: int) -> onnx.ModelProto:
+    """``torch.onnx.export(dynamo=True)`` of ``cls()`` as a user would call it, without attnres (cached)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(_plain_onnx(cls, opset))
+    return copy
+
+
+@functools.cache
+def _plain_onnx(cls: type[torch.nn.Module], opset: int) -> onnx.ModelProto:
+    model = cls().eval()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, (example_ids(),), dynamo=True, dynamic_shapes=dynamic_shapes(),
+                                    input_names=["input_ids"], output_names=["logits"], opset_version=opset)
+    return program.model_proto
+
+
+def fused_count(model: onnx.ModelProto) -> int:
+    return sum(n.op_type == AGGREGATE and n.domain == DOMAIN for n in model.graph.node)
+
+
+def matches_torch(onnx_model: onnx.ModelProto, model: torch.nn.Module, batch: int = 3, seq: int = 6) -> bool:
+    """The ONNX model against the float32 PyTorch model at a shape it was not traced at (SPEC 6 float32 bar)."""
+    ids = example_ids(batch, seq, seed=1)
+    with torch.inference_mode():
+        expected = model(ids).numpy()
+    with OnnxRuntimeRunner(onnx_model) as runner:
+        got = next(iter(runner.infer({onnx_model.graph.input[0].name: ids.numpy()}).values()))
+    return compare(np.asarray(got), expected, DEFAULT_TOLERANCES["float32"]).ok

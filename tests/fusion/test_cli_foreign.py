@@ -1,0 +1,87 @@
+"""``attnres-export`` on foreign models (.pt2, .onnx, pickled modules) and ``attnres fuse``, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnres.cli import app
+from tests.fusion.foreign_models import POSITIVE, StackEinsumLM, TokenMajorLM
+from tests.fusion.helpers import fused_count, matches_torch, plain_onnx, save_program
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("style", sorted(POSITIVE))
+def test_pt2_program_exports_with_one_fused_node_per_aggregation_and_matches_torch(style, tmp_path):
+    model = POSITIVE[style]().eval()
+    program = save_program(model, tmp_path / f"{style}.pt2")
+    out, report = tmp_path / f"{style}.onnx", tmp_path / "report.json"
+    result = invoke("export", program, "-o", out, "--report", report)
+    assert result.exit_code == 0, result.output
+    fused = onnx.load(str(out))
+    assert fused_count(fused) == model.aggregations
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["fusion"]["fused"] == model.aggregations
+    assert matches_torch(fused, model)
+
+
+def test_onnx_input_with_portable_target_has_no_attnres_nodes_and_passes_parity(tmp_path):
+    source = tmp_path / "plain.onnx"
+    onnx.save(plain_onnx(TokenMajorLM, opset=18), str(source))
+    out = tmp_path / "portable.onnx"
+    result = invoke("export", source, "--target", "portable", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert fused_count(onnx.load(str(out))) == 0
+    assert "5 found, 5 fused" in result.output
+
+
+def test_fuse_command_writes_the_fused_model_and_a_json_report(tmp_path):
+    source = tmp_path / "plain.onnx"
+    onnx.save(plain_onnx(StackEinsumLM, opset=18), str(source))
+    out, report = tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    result = invoke("fuse", source, "-o", out, "--report", report, "--example-shape", "input_ids:3,4")
+    assert result.exit_code == 0, result.output
+    assert fused_count(onnx.load(str(out))) == 5
+    data = json.loads(report.read_text())
+    assert (data["sites_found"], data["fused"], data["rejected"], data["parity"]["ok"]) == (5, 5, 0, True)
+
+
+def test_pickled_module_without_trust_pickle_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    path = tmp_path / "whole.pt"
+    torch.save(StackEinsumLM().eval(), path)
+    out = tmp_path / "whole.onnx"
+    result = invoke("export", path, "-o", out)
+    assert result.exit_code == 1
+    message = " ".join(result.output.split())
+    assert "arbitrary code" in message and "--trust-pickle" in message and ".pt2" in message
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_pickled_module_with_trust_pickle_and_example_shape_is_fused(tmp_path):
+    model = StackEinsumLM().eval()
+    path = tmp_path / "whole.pt"
+    torch.save(model, path)
+    out = tmp_path / "whole.onnx"
+    result = invoke("export", path, "-o", out, "--trust-pickle", "--import", "tests.fusion.foreign_models",
+                    "--example-shape", "input_ids:2,7:int64")
+    assert result.exit_code == 0, result.output
+    fused = onnx.load(str(out))
+    assert fused_count(fused) == model.aggregations
+    assert matches_torch(fused, model)
+
+
+def test_pt2_file_that_is_not_an_exported_program_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "weights.pt2"
+    torch.save({"w": torch.zeros(2)}, path)
+    result = invoke("export", path, "-o", tmp_path / "x.onnx")
+    assert result.exit_code == 1
+    assert "not a torch.export program" in result.output and "Traceback" not in result.output

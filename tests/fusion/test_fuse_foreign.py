@@ -1,0 +1,72 @@
+"""Pattern fusion of AttnRes models written elsewhere: every aggregation fused, nothing else touched."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from attnres.graphs.fusion import fuse_model
+from tests.fusion.foreign_models import NEGATIVE, POSITIVE, StackEinsumLM
+from tests.fusion.helpers import fused_count, matches_torch, plain_onnx
+
+
+@pytest.mark.parametrize("style", sorted(POSITIVE))
+def test_plain_dynamo_export_at_opset_23_fuses_every_aggregation_and_matches_torch(style):
+    model = POSITIVE[style]().eval()
+    result = fuse_model(plain_onnx(POSITIVE[style], opset=23))
+    assert [s.reason for s in result.sites if not s.fused] == []
+    assert fused_count(result.model) == result.fused == model.aggregations
+    assert result.parity.ok
+    assert matches_torch(result.model, model)
+
+
+def test_concatenations_that_only_fed_aggregations_are_removed():
+    fused = fuse_model(plain_onnx(StackEinsumLM, opset=18)).model
+    assert not [n for n in fused.graph.node if n.op_type in ("Concat", "Softmax", "Einsum")]
+
+
+def test_score_weights_are_the_folded_gain_times_query_for_every_source_count():
+    model = StackEinsumLM().eval()
+    fused = fuse_model(plain_onnx(StackEinsumLM, opset=18)).model
+    inits = {i.name: numpy_helper.to_array(i) for i in fused.graph.initializer}
+    nodes = [n for n in fused.graph.node if n.domain == "attnres"]
+    expected = (model.gain * model.query).detach().numpy()
+    for i, node in enumerate(nodes):
+        assert len(node.input) - 1 == i + 1
+        np.testing.assert_allclose(inits[node.input[0]], expected[i], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("style", sorted(NEGATIVE))
+def test_non_attnres_softmaxes_are_left_alone(style):
+    original = plain_onnx(NEGATIVE[style], opset=18)
+    result = fuse_model(original)
+    assert result.fused == 0 and fused_count(result.model) == 0
+    assert len(result.sites) == 5 and all(s.reason for s in result.sites)
+    assert len(result.model.graph.node) == len(original.graph.node)
+    assert result.parity.ok
+
+
+def test_a_softmax_over_tokens_is_rejected_because_it_weighs_no_stack_of_sources():
+    result = fuse_model(plain_onnx(NEGATIVE["softmax-over-tokens"], opset=18))
+    assert {s.reason for s in result.sites} == {
+        "the weighted tensor could not be traced to separate source tensors (not a stack)"}
+
+
+def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_are_rejected(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnres.cli import app
+    from tests.conftest import write_checkpoint
+
+    checkpoint = write_checkpoint(tmp_path / "own.pt", n_layers=2, block_size=2)
+    portable = tmp_path / "own.portable.onnx"
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", str(checkpoint), "--target", "portable", "--no-check", "-o",
+                               str(portable)]).exit_code == 0
+    out = tmp_path / "refused.onnx"
+    result = runner.invoke(app, ["fuse", str(portable), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert fused_count(onnx.load(str(out))) == 5
+    assert "7 found, 5 fused, 2 rejected" in result.output
