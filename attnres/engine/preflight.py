@@ -151,6 +151,9 @@ def _dtype_problems(request: NodeRequest) -> list[Problem]:
         min_inputs, data_names = 2, "sources"
     if len(types) < min_inputs:
         return [Problem(request.node, f"has {len(types)} inputs; {request.op_type} needs at least {min_inputs}")]
+    if OPTIONAL_ABSENT in types:
+        return [Problem(request.node, "has an empty optional input, which TensorRT's ONNX parser hands the plugin "
+                        "as a null tensor; run `attnres convert --target tensorrt` to list only present inputs")]
     problems = [Problem(request.node, f"{name} is {_type_name(found[0])}; the plugin takes float32")
                 for name, found in float32_inputs.items() if found and found[0] not in (FLOAT32, OPTIONAL_ABSENT)]
     kinds = set(data)

@@ -93,6 +93,12 @@ def residual_attention_schema() -> OpSchema:
             OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "multiplies QK^T (1/sqrt(dh))", required=True),
             OpSchema.Attribute("logit_divisor", OpSchema.AttrType.FLOAT, "divides the scores before the mask",
                                required=True),
+            OpSchema.Attribute("has_prev_scores", OpSchema.AttrType.INT,
+                               "compact spelling (tensorrt target): 1 when prev_scores is among the inputs",
+                               required=False),
+            OpSchema.Attribute("has_mask", OpSchema.AttrType.INT,
+                               "compact spelling (tensorrt target): 1 when mask_bias is among the inputs",
+                               required=False),
             *_plugin_attributes(),
         ],
     )

@@ -20,6 +20,7 @@ from attnres.graphs.onnx_utils import (
     set_metadata,
     unique_namer,
 )
+from attnres.graphs.optional_inputs import compact_all, expand, is_attention
 from attnres.graphs.types import value_types
 from attnres.ops.identity import (
     AGGREGATE,
@@ -65,7 +66,9 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
         _recompose(out)
     if target == "portable":
         _decompose(out)
-    elif target == "ort-trt":
+        return out
+    compact_all(out.graph)
+    if target == "ort-trt":
         _move_domain(out, DOMAIN, ORT_TRT_DOMAIN)
     return out
 
@@ -100,6 +103,8 @@ def _decompose(model: onnx.ModelProto) -> None:
             raise GraphError(f"node {node.name!r}: no portable decomposition for attnres op {node.op_type!r}")
         if not node.name:
             node.name = f"{node.op_type}_{index}"
+        if is_attention(node):
+            expand(node)
         decomposition, storage_input = _DECOMPOSITIONS[node.op_type]
         nodes.extend(decomposition(node, types[node.input[storage_input]], opset, fresh))
         records.append(_record(node))

@@ -23,6 +23,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from attnres.graphs.onnx_utils import replace_nodes, unique_namer
+from attnres.graphs.optional_inputs import attention_inputs, drop_presence
 from attnres.graphs.types import value_types
 from attnres.ops.identity import AGGREGATE, DOMAIN, ORT_TRT_DOMAIN, RESIDUAL_ATTENTION
 from attnres.ops.numpy_ref import attnres_aggregate_numpy, residual_score_attention_numpy
@@ -93,8 +94,9 @@ def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == AGGREGATE:
             node.op_type, first_stored = _register(len(node.input) - 1), 1
         elif node.op_type == RESIDUAL_ATTENTION:
-            inputs = (*node.input, "", "")[:5]
+            inputs = attention_inputs(node)
             node.op_type, first_stored = _register_attention(bool(inputs[3]), bool(inputs[4])), 0
+            drop_presence(node)
             del node.input[:]
             node.input.extend(name for name in inputs if name)
         else:

@@ -86,3 +86,23 @@ def test_registry_listing_reads_v3_creators_from_tensorrt():
     creator = SimpleNamespace(name="AttnResAggregate", plugin_version="1", plugin_namespace="attnres")
     trt = SimpleNamespace(get_plugin_registry=lambda: SimpleNamespace(all_creators=[creator]))
     assert registry_listing(trt) == [("AttnResAggregate", "1", "attnres")]
+
+
+def attention_model(inputs: list[str]):
+    from onnx import helper as oh
+
+    values = [oh.make_tensor_value_info(n, TensorProto.FLOAT16, [1, 2, 3, 4]) for n in ("q", "k", "v")]
+    values += [oh.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 3]) for n in ("prev", "mask")]
+    node = oh.make_node("ResidualScoreAttention", inputs, ["out", "scores"], domain="attnres", scale=0.5,
+                        logit_divisor=1.0, plugin_version="1", plugin_namespace="attnres")
+    graph = oh.make_graph([node], "g", [v for v in values if v.name in inputs],
+                          [oh.make_tensor_value_info("out", TensorProto.FLOAT16, None)])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("attnres", 1)])
+
+
+def test_empty_optional_input_is_refused_since_the_parser_passes_a_null_tensor():
+    registry = [("ResidualScoreAttention", "1", "attnres")]
+    assert preflight(attention_model(["q", "k", "v", "prev", "mask"]), registry, (10, 8), LIBS).ok
+    result = preflight(attention_model(["q", "k", "v", "", "mask"]), registry, (10, 8), LIBS)
+    assert not result.ok
+    assert "null tensor" in messages(result) and "attnres convert --target tensorrt" in messages(result)

@@ -47,19 +47,24 @@ def test_export_matches_pytorch_on_onnx_runtime(realformer_checkpoint, tmp_path,
     assert len(attnres_nodes(model.graph)) == (2 if target == "tensorrt" else 0)
 
 
-def test_tensorrt_export_chains_scores_and_leaves_prev_empty_at_the_first_layer(realformer_checkpoint,
-                                                                                 tmp_path) -> None:
+def test_tensorrt_export_chains_scores_and_writes_only_present_inputs_for_the_parser(realformer_checkpoint,
+                                                                                     tmp_path) -> None:
+    """TensorRT's parser hands plugins a null tensor for an empty input name, so the first layer's node lists
+    q, k, v, mask_bias with has_prev_scores=0 instead of an empty prev_scores."""
     out = tmp_path / "rf.onnx"
     _export(realformer_checkpoint, out, dtype="float16", check=False)
     model = onnx.load(str(out))
     first, second = attnres_nodes(model.graph)
-    assert first.input[3] == "" and second.input[3] == first.output[1]
-    assert first.input[4] == second.input[4] != ""
+    assert "" not in first.input and "" not in second.input
+    assert (attribute(first, "has_prev_scores"), attribute(first, "has_mask")) == (0, 1)
+    assert (attribute(second, "has_prev_scores"), attribute(second, "has_mask")) == (1, 1)
+    assert len(first.input) == 4 and second.input[3] == first.output[1]
+    assert first.input[3] == second.input[4]
     assert [attribute(n, "logit_divisor") for n in (first, second)] == [1.0, 2.0]
     assert attribute(first, "scale") == pytest.approx(8**-0.5)
     assert {attribute(first, "plugin_version"), attribute(first, "plugin_namespace")} == {b"1", b"attnres"}
     types = value_types(model)
-    assert types[first.input[4]] == types[first.output[1]] == onnx.TensorProto.FLOAT
+    assert types[first.input[3]] == types[first.output[1]] == onnx.TensorProto.FLOAT
     assert types[first.input[0]] == types[first.output[0]] == onnx.TensorProto.FLOAT16
 
 

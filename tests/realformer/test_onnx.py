@@ -90,17 +90,26 @@ def test_ort_reference_op_and_portable_decomposition_equal_the_torch_op(dtype, p
     np.testing.assert_allclose(got["out"], ref_out, rtol=bound, atol=bound)
 
 
-def test_portable_round_trip_restores_the_node_with_its_empty_input_and_attributes() -> None:
+def test_portable_round_trip_restores_the_node_in_the_compact_tensorrt_spelling() -> None:
     register_schemas()
     fused = _single_node_model("float16", prev=False, mask=True, divisor=3.0)
     back = convert(convert(fused, "portable"), "tensorrt")
     [node] = [n for n in back.graph.node if n.domain == DOMAIN]
     [original] = [n for n in fused.graph.node if n.domain == DOMAIN]
-    assert list(node.input) == ["q_s", "k_s", "v_s", "", "mask"]
+    assert list(node.input) == ["q_s", "k_s", "v_s", "mask"]
     assert list(node.output) == list(original.output)
-    assert {a.name: oh.get_attribute_value(a) for a in node.attribute} == \
-        {a.name: oh.get_attribute_value(a) for a in original.attribute}
+    expected = {a.name: oh.get_attribute_value(a) for a in original.attribute} | {"has_prev_scores": 0, "has_mask": 1}
+    assert {a.name: oh.get_attribute_value(a) for a in node.attribute} == expected
     onnx.checker.check_model(back, full_check=True)
+
+
+def test_compact_and_onnx_spellings_of_absent_inputs_compute_the_same() -> None:
+    register_schemas()
+    onnx_spelling = _single_node_model("float32", prev=False, mask=True)
+    compact = convert(onnx_spelling, "tensorrt")
+    feeds = _feeds(prev=False, mask=True)
+    for name, value in _run(onnx_spelling, feeds).items():
+        np.testing.assert_array_equal(_run(compact, feeds)[name], value)
 
 
 def test_value_types_give_out_the_storage_type_and_scores_float32() -> None:
