@@ -52,8 +52,8 @@ def _inspect_onnx(file: Path) -> None:
         for name, type_name, dims in values:
             io_table.add_row(kind, name, type_name, " x ".join(dims))
     console.print(io_table)
-    fused = Table(title="attnres nodes by source count")
-    for column in ("op", "sources", "nodes"):
+    fused = Table(title="attnres nodes by source count (AttnResAggregate) or present inputs (other ops)")
+    for column in ("op", "sources / inputs", "nodes"):
         fused.add_column(column)
     for (op_type, arity), count in summary.fused_by_arity.items():
         fused.add_row(op_type, str(arity), str(count))

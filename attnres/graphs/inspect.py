@@ -1,4 +1,4 @@
-"""What an ONNX file holds, as plain data: opsets, inputs with their dynamic dims, attnres nodes by arity."""
+"""What an ONNX file holds, as plain data: opsets, inputs with their dynamic dims, attnres nodes by input count."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 from attnres.errors import GraphError
 from attnres.graphs.onnx_utils import metadata
 from attnres.graphs.targets import detect_target
-from attnres.ops.identity import DOMAIN, ORT_TRT_DOMAIN
+from attnres.ops.identity import AGGREGATE, DOMAIN, ORT_TRT_DOMAIN
 
 
 @dataclass
@@ -47,9 +47,16 @@ def _type_name(value: onnx.ValueInfoProto) -> str:
         if value.type.tensor_type.elem_type != onnx.TensorProto.BFLOAT16 else "bfloat16"
 
 
+def _data_inputs(node: onnx.NodeProto) -> int:
+    """Sources of an AttnResAggregate (inputs after the score weight); present inputs of any other op."""
+    if node.op_type == AGGREGATE:
+        return len(node.input) - 1
+    return sum(1 for name in node.input if name)
+
+
 def summarize(model: onnx.ModelProto) -> OnnxSummary:
     fused = Counter(
-        (n.op_type, len(n.input) - 1) for n in model.graph.node if n.domain in (DOMAIN, ORT_TRT_DOMAIN)
+        (n.op_type, _data_inputs(n)) for n in model.graph.node if n.domain in (DOMAIN, ORT_TRT_DOMAIN)
     )
     info = metadata(model).get("attnres.export")
     return OnnxSummary(
