@@ -1,0 +1,103 @@
+"""CPU figures for the exporter: export time, ONNX size, and the latency of PyTorch eager, ONNX Runtime on the
+``portable`` artifact and ONNX Runtime on the ``tensorrt`` artifact with the NumPy reference op, in one run.
+
+Model: 12 layers, d_model 512, Block AttnRes (S = 4), batch 4 x 128 tokens. Run from the repository root:
+    python benchmarks/cpu_export_and_run.py [--repeats 20] [--threads 2]
+Figures are medians; ratios are against PyTorch eager measured in the same run (machines here are shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from attnres.exporter.export import ExportOptions, export_checkpoint
+from attnres.exporter.ranges import DimRange
+from attnres.graphs.targets import convert
+from attnres.models import ModelConfig, save_checkpoint
+from attnres.models.example import make_example
+from attnres.parity.runners import OnnxRuntimeRunner, TorchRunner
+
+CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
+BATCH, SEQ = 4, 128
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    console = Console()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "bench.pt"
+        model = make_example(CONFIG, seed=0)
+        save_checkpoint(model, CONFIG, ckpt)
+        opts = ExportOptions(ckpt, Path(tmp) / "bench.onnx", batch=DimRange(1, BATCH, 8),
+                             seq=DimRange(1, SEQ, 512), check=False)
+        with console.status("exporting (tensorrt target)"):
+            start = time.perf_counter()
+            result = export_checkpoint(opts)
+            export_s = time.perf_counter() - start
+        fused = onnx.load(str(result.path))
+        portable = convert(fused, "portable")
+        portable_path = Path(tmp) / "bench.portable.onnx"
+        onnx.save_model(portable, str(portable_path))
+        sizes = {"tensorrt": result.path.stat().st_size, "portable": portable_path.stat().st_size}
+
+        feeds = model.random_inputs(BATCH, SEQ, np.random.default_rng(0))
+        runners = {
+            "PyTorch eager (float32)": TorchRunner(model, list(model.output_names)),
+            "ONNX Runtime, portable": OnnxRuntimeRunner(portable),
+            "ONNX Runtime, tensorrt + NumPy reference op": OnnxRuntimeRunner(fused),
+        }
+        latencies = {}
+        for name, runner in runners.items():
+            if isinstance(runner, OnnxRuntimeRunner):
+                runner.activate()
+                runner.session.get_session_options().intra_op_num_threads = args.threads
+            else:
+                runner.activate()
+            with console.status(f"timing {name}"):
+                latencies[name] = median_seconds(lambda r=runner: r.infer(feeds), args.repeats)
+            runner.deactivate()
+
+    console.print(f"model: {CONFIG.n_layers} layers, d_model {CONFIG.d_model}, Block AttnRes S={CONFIG.block_size}, "
+                  f"vocab {CONFIG.vocab_size}, {result.fused_nodes} aggregations; batch {BATCH} x {SEQ} tokens; "
+                  f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}")
+    console.print(f"export (tensorrt target, incl. tracing and onnx.checker): {export_s:.1f} s; ONNX size: "
+                  f"tensorrt {sizes['tensorrt'] / 1e6:.1f} MB, portable {sizes['portable'] / 1e6:.1f} MB")
+    table = Table(title=f"median latency over {args.repeats} runs")
+    for column in ("backend", "median ms", "vs PyTorch"):
+        table.add_column(column, justify="left" if column == "backend" else "right")
+    base = latencies["PyTorch eager (float32)"]
+    for name, seconds in latencies.items():
+        table.add_row(name, f"{seconds * 1e3:.1f}", f"{seconds / base:.2f}x")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
