@@ -3,7 +3,8 @@
 
 Model: 12 layers, d_model 512, Block AttnRes (S = 4), batch 4 x 128 tokens. Run from the repository root:
     python benchmarks/cpu_export_and_run.py [--repeats 20] [--threads 2]
-Figures are medians; ratios are against PyTorch eager measured in the same run (machines here are shared).
+Figures are medians of rounds in which the backends run in turn; ratios are against PyTorch eager in the same
+run (machines here are shared).
 """
 
 from __future__ import annotations
@@ -33,21 +34,24 @@ CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=
 BATCH, SEQ = 4, 128
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call, running the calls in turn so that load from other processes hits all alike."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (ONNX Runtime: one per core)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
@@ -74,15 +78,12 @@ def main() -> None:
             "ONNX Runtime, portable": OnnxRuntimeRunner(portable),
             "ONNX Runtime, tensorrt + NumPy reference op": OnnxRuntimeRunner(fused),
         }
-        latencies = {}
-        for name, runner in runners.items():
-            if isinstance(runner, OnnxRuntimeRunner):
-                runner.activate()
-                runner.session.get_session_options().intra_op_num_threads = args.threads
-            else:
-                runner.activate()
-            with console.status(f"timing {name}"):
-                latencies[name] = median_seconds(lambda r=runner: r.infer(feeds), args.repeats)
+        for runner in runners.values():
+            runner.activate()
+        with console.status(f"timing {len(runners)} backends in turn, {args.repeats} rounds"):
+            latencies = interleaved_medians({name: (lambda r=r: r.infer(feeds)) for name, r in runners.items()},
+                                            args.repeats)
+        for runner in runners.values():
             runner.deactivate()
 
     console.print(f"model: {CONFIG.n_layers} layers, d_model {CONFIG.d_model}, Block AttnRes S={CONFIG.block_size}, "
@@ -90,7 +91,7 @@ def main() -> None:
                   f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}")
     console.print(f"export (tensorrt target, incl. tracing and onnx.checker): {export_s:.1f} s; ONNX size: "
                   f"tensorrt {sizes['tensorrt'] / 1e6:.1f} MB, portable {sizes['portable'] / 1e6:.1f} MB")
-    table = Table(title=f"median latency over {args.repeats} runs")
+    table = Table(title=f"median latency over {args.repeats} interleaved rounds")
     for column in ("backend", "median ms", "vs PyTorch"):
         table.add_column(column, justify="left" if column == "backend" else "right")
     base = latencies["PyTorch eager (float32)"]
