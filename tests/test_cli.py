@@ -84,7 +84,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     torch.save({"format": "other"}, tmp_path / "format.pt")
     return {
-        "pickled module": (tmp_path / "module.pt", "holds pickled Python objects"),
+        "pickled module": (tmp_path / "module.pt", "holds a pickled Python object"),
         "corrupted": (tmp_path / "junk.pt", "not a PyTorch checkpoint"),
         "wrong format": (tmp_path / "format.pt", "format is 'other'"),
         "missing": (tmp_path / "absent.pt", "no such file"),

@@ -96,7 +96,8 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             "target": opts.target, "arch": cfg.arch, "dims": {k: v.as_list() for k, v in ranges.items()},
             "inputs": {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}}
     set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
-    onnx_model = convert(onnx_model, opts.target)
+    if fused:
+        onnx_model = convert(onnx_model, opts.target)
 
     out = opts.resolved_output()
     status(f"checking and writing {out}")
