@@ -1,9 +1,10 @@
-"""GPU self-test of the fused AttnResAggregate kernel: correctness against the PyTorch reference, then speed.
+"""GPU self-test of the AttnResAggregate and ResidualScoreAttention kernels: correctness, then speed.
 
-``python -m attnres.plugins.selftest [--quick] [--json PATH] [--dry-run]``. Builds libattnres_kernels.so for
-the detected GPU, calls it through ctypes (no TensorRT), checks every dtype and path (warp / block /
-two-sweep, vector / scalar) on fresh random inputs with a NaN-poisoned output, and times it next to a
-device-to-device copy of the same bytes and PyTorch eager. Exit 0: all checks pass; 1: a mismatch;
+``python -m attnres.plugins.selftest [--quick] [--op aggregate|rsa|all] [--json PATH] [--dry-run]``.
+Builds libattnres_kernels.so for the detected GPU, calls it through ctypes (no TensorRT). AttnResAggregate:
+checks every dtype and path (warp / block / two-sweep, vector / scalar) on fresh random inputs with a
+NaN-poisoned output, and times it next to a device-to-device copy of the same bytes and PyTorch eager.
+ResidualScoreAttention: see ``attnres.plugins.selftest_rsa``. Exit 0: all checks pass; 1: a mismatch;
 2: no GPU or the build failed.
 """
 
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnres.ops import attnres_aggregate_reference
+from attnres.plugins import selftest_rsa
 from attnres.plugins.build import PluginBuildError, build_plugins
 
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -242,6 +244,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")
     parser.add_argument("--cuda-arch", help="override the architecture (default: the detected GPU's)")
     parser.add_argument("--out", type=Path, help="build folder (default: the plugin cache)")
+    parser.add_argument(
+        "--op",
+        choices=("aggregate", "rsa", "all"),
+        default="all",
+        help="which kernel: AttnResAggregate, ResidualScoreAttention (rsa) or both (default)",
+    )
     return parser.parse_args(argv)
 
 
@@ -267,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     """Build, check, time; the exit status says whether every check passed."""
     args = _parse(argv)
     console = Console()
-    checks, perf = correctness_cases(args.quick), performance_cases(args.quick)
+    aggregate, rsa = args.op in ("aggregate", "all"), args.op in ("rsa", "all")
+    checks, perf = (correctness_cases(args.quick), performance_cases(args.quick)) if aggregate else ([], [])
+    rsa_checks = selftest_rsa.correctness_cases(args.quick) if rsa else []
+    rsa_perf = selftest_rsa.performance_cases(args.quick) if rsa else []
     if args.dry_run:
-        for case in checks:
-            console.print(f"check {case}", highlight=False)
-        for case in perf:
-            console.print(f"time  {case}", highlight=False)
+        for case in [*checks, *rsa_checks]:
+            console.print(f"check {case}", highlight=False, soft_wrap=True)
+        for case in [*perf, *rsa_perf]:
+            console.print(f"time  {case}", highlight=False, soft_wrap=True)
         return 0
     if not torch.cuda.is_available():
         console.print("[red]error:[/] no CUDA device visible to torch; the self-test needs a GPU")
@@ -294,13 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     kernels = Kernels(build.kernels)
     generator = torch.Generator(device="cuda").manual_seed(0)
 
-    results = [check_gold(kernels)]
+    results = [check_gold(kernels)] if aggregate else []
     for case in checks:
         try:
             results.append(check_case(kernels, case, generator))
         except RuntimeError as exc:
             results.append({**asdict(case), "error": str(exc), "ok": False})
         torch.cuda.empty_cache()
+    if rsa:
+        results += selftest_rsa.run_checks(build.kernels, rsa_checks, generator)
     failures = [r for r in results if not r["ok"]]
     console.print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", highlight=False)
     for r in failures:
@@ -310,9 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     for case in perf:
         timings.append(time_case(kernels, case, generator, args.quick))
         torch.cuda.empty_cache()
-    console.print(_perf_table(timings))
+    if timings:
+        console.print(_perf_table(timings))
     for r in (t for t in timings if t["rows"] == 1):
         console.print(f"decode n={r['n']} D={r['d']} {r['dtype']}: {r['kernel_us']:.2f} us", highlight=False)
+    rsa_timings = selftest_rsa.run_timings(build.kernels, rsa_perf, generator, args.quick, gpu_times_us)
+    if rsa_timings:
+        console.print(selftest_rsa.perf_table(rsa_timings))
     console.print(f"total {time.perf_counter() - started:.0f}s", highlight=False)
 
     if args.json:
@@ -322,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             "library": str(build.kernels),
             "correctness": results,
             "performance": timings,
+            "rsa_performance": rsa_timings,
             "failures": len(failures),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

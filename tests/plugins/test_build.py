@@ -103,6 +103,8 @@ def test_kernels_library_builds_for_sm80_to_sm90_and_exports_c_abi(kernels_build
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     assert "attnresAggregateLaunch" in exported
+    assert "residualScoreAttentionLaunch" in exported
+    assert not any("residualScoreAttentionKernel" in name for name in exported), "kernels must stay hidden"
     assert not any("aggregateRegisterKernel" in name for name in exported), "kernels must stay hidden"
     cuobjdump = shutil.which("cuobjdump") or str(Path(NVCC or "nvcc").with_name("cuobjdump"))
     if Path(cuobjdump).is_file():

@@ -4,6 +4,7 @@
 #include "attnresPluginCreators.h"
 
 #include "attnResAggregatePlugin/attnResAggregatePlugin.h"
+#include "residualScoreAttentionPlugin/residualScoreAttentionPlugin.h"
 
 namespace attnres
 {
@@ -13,7 +14,8 @@ namespace plugin
 nvinfer1::IPluginCreatorInterface* const* pluginCreators(int32_t& nbCreators) noexcept
 {
     static AttnResAggregatePluginCreator aggregateCreator;
-    static nvinfer1::IPluginCreatorInterface* const creators[] = {&aggregateCreator};
+    static ResidualScoreAttentionPluginCreator residualAttentionCreator;
+    static nvinfer1::IPluginCreatorInterface* const creators[] = {&aggregateCreator, &residualAttentionCreator};
     nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

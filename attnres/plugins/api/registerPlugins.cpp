@@ -6,6 +6,7 @@
  * is the key TensorRT's parser looks up with the node's plugin_namespace.
  */
 #include "attnResAggregatePlugin/attnResAggregatePlugin.h"
+#include "residualScoreAttentionPlugin/residualScoreAttentionPlugin.h"
 
 namespace attnres
 {
@@ -13,6 +14,7 @@ namespace plugin
 {
 
 REGISTER_TENSORRT_PLUGIN(AttnResAggregatePluginCreator);
+REGISTER_TENSORRT_PLUGIN(ResidualScoreAttentionPluginCreator);
 
 } // namespace plugin
 } // namespace attnres

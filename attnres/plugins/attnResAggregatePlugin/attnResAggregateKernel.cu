@@ -10,11 +10,22 @@
  * read before each reduction so that enough bytes are in flight and barriers stay few. Source pointers
  * travel by value in a __grid_constant__ kernel parameter (2 KB), so there is no device-side gather.
  *
+ * float16 / bfloat16 rows of a block each (16-byte packs) take the streaming variant instead: sources reach
+ * shared memory through cp.async, kStages - 1 source rows ahead (across rows too), so that enough bytes
+ * are in flight for their heavier arithmetic per byte without spending registers on them.
+ *
  * Rows wider than the register budget (more than kMaxRegisterElements) take a two-sweep kernel: logits
  * first, then the weighted sum per element in registers; it reads the sources twice.
+ *
+ * A few rows (decode) would leave most multiprocessors idle with a team per row, so on sm_90 and newer a
+ * row is split over a cluster of kClusterBlocks blocks: each block loads its slice of every source once
+ * into registers, publishes its partial sums in shared memory, and after one cluster barrier every block
+ * reads the others' partials through distributed shared memory, forms the softmax weights and writes its
+ * slice of the output. There is no global workspace, so concurrent launches need no coordination.
  */
 #include "attnResAggregateKernel.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -32,6 +43,13 @@ constexpr int kMaxGroup = 8;               // most sources read before one reduc
 constexpr int kRegisterBudget = 64;        // registers for accumulator, weights and raw loads of a group
 constexpr int kWarpTeamBlock = 256;        // block size when a team is a warp or part of one
 constexpr int kSweepThreads = 512;
+constexpr int kStages = 4;                 // sources in flight per block on the streaming path
+constexpr int kMaxStageBytes = 64 * 1024;  // their shared memory: fits beside another block on sm_80/90
+constexpr int kClusterBlocks = 8;          // blocks sharing one row on the split path (portable size)
+constexpr int kSplitMaxSources = 16;       // sources the split path holds in registers
+constexpr int kSplitMinSources = 2;        // up to this many, one block reads them in one round trip and
+                                           // beats the cluster's exchange (H200, f32 D=7168: 5.9 vs 7.5 us)
+constexpr int kSplitMaxThreads = 256;      // leaves 255 registers per thread for the sources
 
 struct SourceTable
 {
@@ -87,7 +105,11 @@ struct Shape
     static constexpr int kElements = VEC * ITEMS;
     static constexpr int kPackRegisters = VEC * sizeof(T) < 4 ? 1 : VEC * sizeof(T) / 4;
     static constexpr int kRawGroup = (kRegisterBudget - 2 * kElements) / (ITEMS * kPackRegisters);
-    static constexpr int kGroup = kRawGroup < 1 ? 1 : (kRawGroup > kMaxGroup ? kMaxGroup : kRawGroup);
+    // A power of two: a budget of 6 groups left ptxas too tight on sm_80..89 (a 4-byte spill).
+    static constexpr int kGroup = kRawGroup >= kMaxGroup ? kMaxGroup
+        : kRawGroup >= 4                                 ? 4
+        : kRawGroup >= 2                                 ? 2
+                                                         : 1;
     static_assert(kElements <= kMaxElementsPerThread, "accumulator exceeds the register budget");
 };
 
@@ -101,6 +123,35 @@ __device__ __forceinline__ void teamReduceWarp(float (&v)[N], int width)
         for (int j = 0; j < N; ++j)
         {
             v[j] += __shfl_xor_sync(0xffffffffu, v[j], offset);
+        }
+    }
+}
+
+//! Adds warp w's N partials (16-byte aligned in shared memory) to v with vector loads.
+template <int N>
+__device__ __forceinline__ void addWarpPartials(float (&v)[N], float const* partials)
+{
+    static_assert(N % 2 == 0, "partials come in (sum of squares, dot) pairs");
+    if constexpr (N % 4 == 0)
+    {
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q)
+        {
+            float4 const x = reinterpret_cast<float4 const*>(partials)[q];
+            v[4 * q] += x.x;
+            v[4 * q + 1] += x.y;
+            v[4 * q + 2] += x.z;
+            v[4 * q + 3] += x.w;
+        }
+    }
+    else
+    {
+#pragma unroll
+        for (int q = 0; q < N / 2; ++q)
+        {
+            float2 const x = reinterpret_cast<float2 const*>(partials)[q];
+            v[2 * q] += x.x;
+            v[2 * q + 1] += x.y;
         }
     }
 }
@@ -128,10 +179,73 @@ __device__ __forceinline__ void teamReduceBlock(float (&v)[N], float (*shared)[k
     }
     for (int w = 0; w < nbWarps; ++w)
     {
+        addWarpPartials<N>(v, shared[buffer][w]);
+    }
+}
+
+//! Sum of squares and dot with the score weights of one source's packs. SPLIT keeps one chain per pack,
+//! for instruction-level parallelism when few sources are reduced at once.
+template <typename T, int VEC, int ITEMS, bool SPLIT>
+__device__ __forceinline__ void sourcePartials(
+    Pack<T, VEC> const (&raw)[ITEMS], float const (&w)[ITEMS][VEC], float& sumSquares, float& dot)
+{
+    constexpr int kChains = SPLIT ? ITEMS : 1;
+    float squares[kChains];
+    float dots[kChains];
 #pragma unroll
-        for (int j = 0; j < N; ++j)
+    for (int k = 0; k < kChains; ++k)
+    {
+        squares[k] = 0.F;
+        dots[k] = 0.F;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+    {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
         {
-            v[j] += shared[buffer][w][j];
+            float const x = toFloat<T>(raw[k].v[j]);
+            squares[k % kChains] = fmaf(x, x, squares[k % kChains]);
+            dots[k % kChains] = fmaf(x, w[k][j], dots[k % kChains]);
+        }
+    }
+    sumSquares = 0.F;
+    dot = 0.F;
+#pragma unroll
+    for (int k = 0; k < kChains; ++k)
+    {
+        sumSquares += squares[k];
+        dot += dots[k];
+    }
+}
+
+//! Raw packs of sources i0 .. i0+G-1 of one row; absent sources and columns read as zeros.
+template <typename T, int VEC, int ITEMS, int G>
+__device__ __forceinline__ void loadGroup(Pack<T, VEC> (&raw)[G][ITEMS], SourceTable const& sources, int32_t numSources,
+    int i0, bool active, int64_t row, int32_t dVec, int lane, int team)
+{
+    using P = Pack<T, VEC>;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+    {
+        bool const present = active && i0 + g < numSources;
+        P const* src = present ? static_cast<P const*>(sources.ptr[i0 + g]) + row * dVec : nullptr;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+        {
+            int const c = lane + k * team;
+            if (present && c < dVec)
+            {
+                raw[g][k] = src[c];
+            }
+            else
+            {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                {
+                    raw[g][k].v[j] = fromFloat<T>(0.F);
+                }
+            }
         }
     }
 }
@@ -149,7 +263,7 @@ __global__ void __launch_bounds__(kMaxThreads) aggregateRegisterKernel(__grid_co
     using S = Shape<T, VEC, ITEMS>;
     using P = Pack<T, VEC>;
     constexpr int G = S::kGroup;
-    __shared__ float reduceBuffer[2][kMaxWarps][2 * kMaxGroup];
+    __shared__ __align__(16) float reduceBuffer[2][kMaxWarps][2 * kMaxGroup];
 
     int const lane = threadIdx.x % team;
     int const rowsPerBlock = blockDim.x / team;
@@ -190,49 +304,13 @@ __global__ void __launch_bounds__(kMaxThreads) aggregateRegisterKernel(__grid_co
         for (int i0 = 0; i0 < numSources; i0 += G)
         {
             P raw[G][ITEMS];
-#pragma unroll
-            for (int g = 0; g < G; ++g)
-            {
-                bool const present = active && i0 + g < numSources;
-                P const* src = present ? static_cast<P const*>(sources.ptr[i0 + g]) + row * dVec : nullptr;
-#pragma unroll
-                for (int k = 0; k < ITEMS; ++k)
-                {
-                    int const c = lane + k * team;
-                    if (present && c < dVec)
-                    {
-                        raw[g][k] = src[c];
-                    }
-                    else
-                    {
-#pragma unroll
-                        for (int j = 0; j < VEC; ++j)
-                        {
-                            raw[g][k].v[j] = fromFloat<T>(0.F);
-                        }
-                    }
-                }
-            }
+            loadGroup<T, VEC, ITEMS, G>(raw, sources, numSources, i0, active, row, dVec, lane, team);
 
             float partial[2 * G];
 #pragma unroll
             for (int g = 0; g < G; ++g)
             {
-                float sumSquares = 0.F;
-                float dot = 0.F;
-#pragma unroll
-                for (int k = 0; k < ITEMS; ++k)
-                {
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j)
-                    {
-                        float const x = toFloat<T>(raw[g][k].v[j]);
-                        sumSquares = fmaf(x, x, sumSquares);
-                        dot = fmaf(x, w[k][j], dot);
-                    }
-                }
-                partial[2 * g] = sumSquares;
-                partial[2 * g + 1] = dot;
+                sourcePartials<T, VEC, ITEMS, (G <= 2)>(raw[g], w, partial[2 * g], partial[2 * g + 1]);
             }
             if (warpTeam)
             {
@@ -255,16 +333,20 @@ __global__ void __launch_bounds__(kMaxThreads) aggregateRegisterKernel(__grid_co
                     groupMax = fmaxf(groupMax, logit[g]);
                 }
             }
-            float const rescale = expf(runningMax - groupMax);
-            runningMax = groupMax;
-            runningSum *= rescale;
-#pragma unroll
-            for (int k = 0; k < ITEMS; ++k)
+            // The same for the whole team, so the branch never splits a team; most groups skip it.
+            if (groupMax > runningMax)
             {
+                float const rescale = expf(runningMax - groupMax);
+                runningMax = groupMax;
+                runningSum *= rescale;
 #pragma unroll
-                for (int j = 0; j < VEC; ++j)
+                for (int k = 0; k < ITEMS; ++k)
                 {
-                    acc[k][j] *= rescale;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j)
+                    {
+                        acc[k][j] *= rescale;
+                    }
                 }
             }
 #pragma unroll
@@ -272,7 +354,7 @@ __global__ void __launch_bounds__(kMaxThreads) aggregateRegisterKernel(__grid_co
             {
                 if (i0 + g < numSources)
                 {
-                    float const p = expf(logit[g] - groupMax);
+                    float const p = expf(logit[g] - runningMax);
                     runningSum += p;
 #pragma unroll
                     for (int k = 0; k < ITEMS; ++k)
@@ -310,6 +392,176 @@ __global__ void __launch_bounds__(kMaxThreads) aggregateRegisterKernel(__grid_co
     }
 }
 
+//! Starts a 16-byte copy from global to shared memory (cp.async, sm_80+); it lands without registers.
+__device__ __forceinline__ void copyAsync16(void* shared, void const* global)
+{
+    unsigned const address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
+}
+
+/*
+ * One row per block for 16-byte packs of 16-bit types: the sources stream through kStages shared-memory
+ * slots with cp.async, so kStages - 1 source rows (of this row or the block's next) are in flight while
+ * the current one is reduced and folded, without spending registers on them. Each thread copies and
+ * later reads only its own packs, so the slots need no barrier; the one per source is the reduction's.
+ */
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxThreads) aggregateStreamKernel(__grid_constant__ SourceTable const sources,
+    int32_t numSources, float const* __restrict__ scoreWeight, T* __restrict__ out, int64_t rows, int32_t dVec,
+    float eps)
+{
+    using P = Pack<T, VEC>;
+    static_assert(sizeof(P) == 16, "cp.async.cg moves 16 bytes");
+    extern __shared__ __align__(16) unsigned char stageBytes[];
+    P* const stages = reinterpret_cast<P*>(stageBytes); // [kStages][ITEMS][blockDim.x]
+    __shared__ __align__(16) float reduceBuffer[2][kMaxWarps][2 * kMaxGroup];
+
+    int const t = threadIdx.x;
+    int const threads = blockDim.x;
+    float const invD = 1.F / static_cast<float>(dVec * VEC);
+
+    float w[ITEMS][VEC];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+    {
+        int const c = t + k * threads;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+        {
+            w[k][j] = c < dVec ? scoreWeight[static_cast<int64_t>(c) * VEC + j] : 0.F;
+        }
+    }
+
+    // The (row, source) pairs of this block form one stream, so the copies run ahead across rows too:
+    // the next one to issue, the slot it goes to, and the slot the next step reads.
+    int64_t issueRow = blockIdx.x;
+    int issueSource = 0;
+    int issueSlot = 0;
+    int readSlot = 0;
+    auto issueNext = [&]() {
+        if (issueRow < rows)
+        {
+            P const* src = static_cast<P const*>(sources.ptr[issueSource]) + issueRow * dVec;
+            P* slot = stages + issueSlot * ITEMS * threads;
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+            {
+                int const c = t + k * threads;
+                if (c < dVec)
+                {
+                    copyAsync16(slot + k * threads + t, src + c);
+                }
+            }
+        }
+        // One group per step, empty past the block's last row, so the wait below always counts right.
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        issueSlot = issueSlot + 1 == kStages ? 0 : issueSlot + 1;
+        if (++issueSource == numSources)
+        {
+            issueSource = 0;
+            issueRow += gridDim.x;
+        }
+    };
+    for (int i = 0; i < kStages - 1; ++i)
+    {
+        issueNext();
+    }
+
+    int buffer = 0;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)
+    {
+        float acc[ITEMS][VEC];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+        {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j)
+            {
+                acc[k][j] = 0.F;
+            }
+        }
+        float runningMax = -INFINITY;
+        float runningSum = 0.F;
+
+        for (int i = 0; i < numSources; ++i)
+        {
+            // Refills the slot this thread read in the previous step, whose values it has already used.
+            issueNext();
+            asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
+            P const* slot = stages + readSlot * ITEMS * threads;
+            readSlot = readSlot + 1 == kStages ? 0 : readSlot + 1;
+            P raw[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+            {
+                if (t + k * threads < dVec)
+                {
+                    raw[k] = slot[k * threads + t];
+                }
+                else
+                {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j)
+                    {
+                        raw[k].v[j] = fromFloat<T>(0.F);
+                    }
+                }
+            }
+
+            float partial[2];
+            sourcePartials<T, VEC, ITEMS, true>(raw, w, partial[0], partial[1]);
+            teamReduceBlock<2>(partial, reduceBuffer, buffer);
+            buffer ^= 1;
+
+            float const logit = rsqrtf(partial[0] * invD + eps) * partial[1];
+            if (logit > runningMax)
+            {
+                float const rescale = expf(runningMax - logit);
+                runningMax = logit;
+                runningSum *= rescale;
+#pragma unroll
+                for (int k = 0; k < ITEMS; ++k)
+                {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j)
+                    {
+                        acc[k][j] *= rescale;
+                    }
+                }
+            }
+            float const p = expf(logit - runningMax);
+            runningSum += p;
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+            {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                {
+                    acc[k][j] = fmaf(p, toFloat<T>(raw[k].v[j]), acc[k][j]);
+                }
+            }
+        }
+
+        float const norm = 1.F / runningSum;
+        P* dst = reinterpret_cast<P*>(out) + row * dVec;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+        {
+            int const c = t + k * threads;
+            if (c < dVec)
+            {
+                P result;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                {
+                    result.v[j] = fromFloat<T>(acc[k][j] * norm);
+                }
+                dst[c] = result;
+            }
+        }
+    }
+}
+
 /*
  * Rows too wide for the register accumulator: one block per row computes every logit (first sweep),
  * then each output element as sum_i a_i v_i[d] in registers (second sweep).
@@ -320,7 +572,7 @@ __global__ void __launch_bounds__(kSweepThreads) aggregateTwoSweepKernel(__grid_
     float eps)
 {
     using P = Pack<T, VEC>;
-    __shared__ float reduceBuffer[2][kMaxWarps][2 * kMaxGroup];
+    __shared__ __align__(16) float reduceBuffer[2][kMaxWarps][2 * kMaxGroup];
     __shared__ float weights[ATTNRES_MAX_SOURCES];
     float const invD = 1.F / static_cast<float>(dVec * VEC);
     int buffer = 0;
@@ -393,6 +645,157 @@ __global__ void __launch_bounds__(kSweepThreads) aggregateTwoSweepKernel(__grid_
     }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+//! Sums 32 values over a warp in 31 shuffles: afterwards lane l returns the total of value l.
+__device__ __forceinline__ float warpReduceScatter(float (&v)[kWarp])
+{
+    int const lane = threadIdx.x % kWarp;
+#pragma unroll
+    for (int half = kWarp / 2; half >= 1; half /= 2)
+    {
+        bool const upper = (lane & half) != 0;
+#pragma unroll
+        for (int j = 0; j < half; ++j)
+        {
+            float const keep = upper ? v[j + half] : v[j];
+            float const give = upper ? v[j] : v[j + half];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, give, half);
+        }
+    }
+    return v[0];
+}
+#endif
+
+/*
+ * Few rows: row blockIdx.y is cut into kClusterBlocks slices of blockDim.x packs, one per block of a
+ * cluster. Each thread holds its pack of every source (at most kSplitMaxSources) in registers, so the
+ * sources are read once; partial sums meet in distributed shared memory after one cluster barrier.
+ * Every block sums the partials in rank order, so all slices use bit-identical weights.
+ */
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kSplitMaxThreads) aggregateSplitKernel(__grid_constant__ SourceTable const sources,
+    int32_t numSources, float const* __restrict__ scoreWeight, T* __restrict__ out, int32_t dVec, float eps)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using P = Pack<T, VEC>;
+    constexpr int N = 2 * kSplitMaxSources;
+    static_assert(N == kWarp, "one partial per lane after the reduce-scatter");
+    __shared__ __align__(16) float warpPartials[kSplitMaxThreads / kWarp][N];
+    __shared__ float blockPartials[N];
+    __shared__ float logits[kSplitMaxSources];
+    namespace cg = cooperative_groups;
+    cg::cluster_group const cluster = cg::this_cluster();
+
+    int64_t const row = blockIdx.y;
+    int const c = static_cast<int>(cluster.block_rank()) * blockDim.x + threadIdx.x;
+    bool const inside = c < dVec;
+    float const invD = 1.F / static_cast<float>(dVec * VEC);
+
+    P raw[kSplitMaxSources];
+#pragma unroll
+    for (int i = 0; i < kSplitMaxSources; ++i)
+    {
+        if (inside && i < numSources)
+        {
+            raw[i] = static_cast<P const*>(sources.ptr[i])[row * dVec + c];
+        }
+        else
+        {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j)
+            {
+                raw[i].v[j] = fromFloat<T>(0.F);
+            }
+        }
+    }
+    float w[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+    {
+        w[j] = inside ? scoreWeight[static_cast<int64_t>(c) * VEC + j] : 0.F;
+    }
+
+    float partial[N];
+#pragma unroll
+    for (int i = 0; i < kSplitMaxSources; ++i)
+    {
+        float sumSquares = 0.F;
+        float dot = 0.F;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+        {
+            float const x = toFloat<T>(raw[i].v[j]);
+            sumSquares = fmaf(x, x, sumSquares);
+            dot = fmaf(x, w[j], dot);
+        }
+        partial[2 * i] = sumSquares;
+        partial[2 * i + 1] = dot;
+    }
+    warpPartials[threadIdx.x / kWarp][threadIdx.x % kWarp] = warpReduceScatter(partial);
+    __syncthreads();
+    int const nbWarps = blockDim.x / kWarp;
+    if (threadIdx.x < 2 * numSources)
+    {
+        float total = 0.F;
+        for (int v = 0; v < nbWarps; ++v)
+        {
+            total += warpPartials[v][threadIdx.x];
+        }
+        blockPartials[threadIdx.x] = total;
+    }
+    cluster.sync();
+    if (threadIdx.x < numSources)
+    {
+        float sumSquares = 0.F;
+        float dot = 0.F;
+        for (int r = 0; r < kClusterBlocks; ++r)
+        {
+            float const* remote = cluster.map_shared_rank(blockPartials, r);
+            sumSquares += remote[2 * threadIdx.x];
+            dot += remote[2 * threadIdx.x + 1];
+        }
+        logits[threadIdx.x] = rsqrtf(sumSquares * invD + eps) * dot;
+    }
+    // Done with the other blocks' shared memory; the matching wait keeps this block's alive until then.
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    __syncthreads();
+
+    float maxLogit = -INFINITY;
+    for (int i = 0; i < numSources; ++i)
+    {
+        maxLogit = fmaxf(maxLogit, logits[i]);
+    }
+    float acc[VEC] = {};
+    float total = 0.F;
+#pragma unroll
+    for (int i = 0; i < kSplitMaxSources; ++i)
+    {
+        if (i < numSources)
+        {
+            float const p = expf(logits[i] - maxLogit);
+            total += p;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j)
+            {
+                acc[j] = fmaf(p, toFloat<T>(raw[i].v[j]), acc[j]);
+            }
+        }
+    }
+    if (inside)
+    {
+        float const norm = 1.F / total;
+        P result;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+        {
+            result.v[j] = fromFloat<T>(acc[j] * norm);
+        }
+        reinterpret_cast<P*>(out)[row * dVec + c] = result;
+    }
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 struct LaunchArgs
 {
     SourceTable table;
@@ -403,6 +806,7 @@ struct LaunchArgs
     int32_t dVec;
     float eps;
     int numSMs;
+    int computeMajor;
     cudaStream_t stream;
 };
 
@@ -413,12 +817,12 @@ int64_t ceilDiv(int64_t a, int64_t b)
 
 //! Enough blocks to fill the GPU (occupancy-limited), never more than there is work for.
 template <typename Kernel>
-cudaError_t gridSize(Kernel kernel, int threads, int64_t blocksOfWork, int numSMs, int* grid)
+cudaError_t gridSize(Kernel kernel, int threads, size_t sharedBytes, int64_t blocksOfWork, int numSMs, int* grid)
 {
     int perSM = 1;
     if (blocksOfWork > numSMs)
     {
-        cudaError_t const status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, threads, 0);
+        cudaError_t const status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, threads, sharedBytes);
         if (status != cudaSuccess)
         {
             return status;
@@ -436,7 +840,7 @@ cudaError_t launchRegister(LaunchArgs const& a, int team, int threads)
     auto kernel = aggregateRegisterKernel<T, VEC, ITEMS>;
     int const rowsPerBlock = threads / team;
     int grid = 0;
-    cudaError_t const status = gridSize(kernel, threads, ceilDiv(a.rows, rowsPerBlock), a.numSMs, &grid);
+    cudaError_t const status = gridSize(kernel, threads, 0, ceilDiv(a.rows, rowsPerBlock), a.numSMs, &grid);
     if (status != cudaSuccess)
     {
         return status;
@@ -446,12 +850,34 @@ cudaError_t launchRegister(LaunchArgs const& a, int team, int threads)
     return cudaGetLastError();
 }
 
+template <typename T, int VEC, int ITEMS>
+cudaError_t launchStream(LaunchArgs const& a, int threads)
+{
+    auto kernel = aggregateStreamKernel<T, VEC, ITEMS>;
+    size_t const sharedBytes = static_cast<size_t>(kStages) * ITEMS * threads * sizeof(Pack<T, VEC>);
+    // Always the same (largest) limit, so that launches from several host threads cannot disagree.
+    cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStageBytes);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    int grid = 0;
+    status = gridSize(kernel, threads, sharedBytes, a.rows, a.numSMs, &grid);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    kernel<<<grid, threads, sharedBytes, a.stream>>>(
+        a.table, a.numSources, a.scoreWeight, static_cast<T*>(a.out), a.rows, a.dVec, a.eps);
+    return cudaGetLastError();
+}
+
 template <typename T, int VEC>
 cudaError_t launchTwoSweep(LaunchArgs const& a)
 {
     auto kernel = aggregateTwoSweepKernel<T, VEC>;
     int grid = 0;
-    cudaError_t const status = gridSize(kernel, kSweepThreads, a.rows, a.numSMs, &grid);
+    cudaError_t const status = gridSize(kernel, kSweepThreads, 0, a.rows, a.numSMs, &grid);
     if (status != cudaSuccess)
     {
         return status;
@@ -459,6 +885,26 @@ cudaError_t launchTwoSweep(LaunchArgs const& a)
     kernel<<<grid, kSweepThreads, 0, a.stream>>>(
         a.table, a.numSources, a.scoreWeight, static_cast<T*>(a.out), a.rows, a.dVec, a.eps);
     return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+cudaError_t launchSplit(LaunchArgs const& a, int threads)
+{
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterBlocks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(kClusterBlocks, static_cast<unsigned>(a.rows), 1);
+    config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+    config.dynamicSmemBytes = 0;
+    config.stream = a.stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    cudaError_t const status = cudaLaunchKernelEx(&config, aggregateSplitKernel<T, VEC>, a.table, a.numSources,
+        a.scoreWeight, static_cast<T*>(a.out), a.dVec, a.eps);
+    return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 int nextPowerOfTwo(int x)
@@ -512,14 +958,51 @@ cudaError_t launchRegisterItems(LaunchArgs const& a, int items, int team, int th
     return cudaErrorInvalidValue;
 }
 
+//! A block of `threads` per row: 16-bit vector packs stream through shared memory when the stages fit
+//! (their arithmetic per byte is twice float32's, so they need more bytes in flight); otherwise the
+//! sources go straight into registers, which float32 turns into full bandwidth already.
+template <typename T, int VEC>
+cudaError_t launchRowBlock(LaunchArgs const& a, int items, int threads)
+{
+    if constexpr (sizeof(T) == 2 && VEC == 8)
+    {
+        if (static_cast<int64_t>(kStages) * items * threads * sizeof(Pack<T, VEC>) <= kMaxStageBytes)
+        {
+            switch (items)
+            {
+            case 1: return launchStream<T, VEC, 1>(a, threads);
+            case 2: return launchStream<T, VEC, 2>(a, threads);
+            case 4: return launchStream<T, VEC, 4>(a, threads);
+            case 8:
+                if constexpr (VEC * 8 <= kMaxElementsPerThread)
+                {
+                    return launchStream<T, VEC, 8>(a, threads);
+                }
+                break;
+            default: break;
+            }
+            return cudaErrorInvalidValue;
+        }
+    }
+    return launchRegisterItems<T, VEC>(a, items, threads, threads);
+}
+
 /*
- * Picks the team and packs per thread: a warp (or part of one) per row when the row fits in 32 threads'
- * registers, otherwise a block per row with at most 256 threads when there are many rows (cheaper
- * reductions) or 512 for few rows (more loads in flight for decode); wider rows take the two-sweep path.
+ * Picks the path: a cluster per row for a few rows (sm_90+); a warp (or part of one) per row when the row
+ * fits in 32 threads' registers; otherwise a block per row, with the most packs per thread (fewest
+ * threads, cheapest reductions) and at most 256 threads when there are many rows, or the fewest packs
+ * (more loads in flight) and up to 512 threads for few rows; wider rows take the two-sweep path.
  */
 template <typename T, int VEC>
 cudaError_t launchTyped(LaunchArgs const& a)
 {
+    int64_t const splitThreads = ceilDiv(ceilDiv(a.dVec, kClusterBlocks), kWarp) * kWarp;
+    if (a.computeMajor >= 9 && a.numSources > kSplitMinSources && a.numSources <= kSplitMaxSources
+        && a.rows * kClusterBlocks <= a.numSMs
+        && a.dVec >= kClusterBlocks * kWarp && splitThreads <= kSplitMaxThreads)
+    {
+        return launchSplit<T, VEC>(a, static_cast<int>(splitThreads));
+    }
     using Choices = ItemChoices<T, VEC>;
     int const maxItems = Choices::kItems[Choices::kCount - 1];
     if (a.dVec <= kWarp * maxItems)
@@ -537,16 +1020,18 @@ cudaError_t launchTyped(LaunchArgs const& a)
             }
         }
     }
-    int const preferredCap = a.rows >= 2 * static_cast<int64_t>(a.numSMs) ? 256 : kMaxThreads;
+    bool const manyRows = a.rows >= 2 * static_cast<int64_t>(a.numSMs);
+    int const preferredCap = manyRows ? 256 : kMaxThreads;
     for (int cap : {preferredCap, kMaxThreads})
     {
-        for (int c = 0; c < Choices::kCount; ++c)
+        for (int step = 0; step < Choices::kCount; ++step)
         {
+            int const c = manyRows ? Choices::kCount - 1 - step : step;
             int64_t const threads = ceilDiv(a.dVec, Choices::kItems[c]);
             if (threads <= cap)
             {
                 int const rounded = static_cast<int>(ceilDiv(threads, kWarp) * kWarp);
-                return launchRegisterItems<T, VEC>(a, Choices::kItems[c], rounded, rounded);
+                return launchRowBlock<T, VEC>(a, Choices::kItems[c], rounded);
             }
         }
     }
@@ -610,6 +1095,11 @@ extern "C" cudaError_t attnresAggregateLaunch(float const* scoreWeight, void con
         return status;
     }
     status = cudaDeviceGetAttribute(&args.numSMs, cudaDevAttrMultiProcessorCount, device);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    status = cudaDeviceGetAttribute(&args.computeMajor, cudaDevAttrComputeCapabilityMajor, device);
     if (status != cudaSuccess)
     {
         return status;
