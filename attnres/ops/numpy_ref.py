@@ -8,7 +8,7 @@ import numpy as np
 
 
 def attnres_aggregate_numpy(score_weight: np.ndarray, sources: Sequence[np.ndarray], eps: float) -> np.ndarray:
-    """SPEC 1.2 in float32 (float64 when asked through ``compute_dtype`` callers); result in the sources' dtype."""
+    """SPEC 1.2 in float32 arithmetic; the result has the sources' dtype."""
     return attnres_aggregate_numpy_in(np.float32, score_weight, sources, eps).astype(sources[0].dtype)
 
 
