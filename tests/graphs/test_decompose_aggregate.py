@@ -6,9 +6,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
-from onnx import numpy_helper
 
 from attnres.graphs.schemas import register_schemas
 from attnres.graphs.targets import convert
