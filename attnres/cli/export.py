@@ -46,7 +46,7 @@ def export(
 @friendly_errors
 def _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol, foreign) -> None:
     from attnres.exporter.export import ExportOptions
-    from attnres.exporter.foreign import ForeignOptions, export_any, parse_example_shape
+    from attnres.exporter.foreign import ForeignExportResult, ForeignOptions, export_any, parse_example_shape
     from attnres.exporter.ranges import DimRange
     from attnres.parity.metrics import parse_tolerance
 
@@ -61,7 +61,7 @@ def _export(model, output, target, dtype, opset, batch, seq, report, check, seed
     foreign_opts = ForeignOptions(dict(map(parse_example_shape, shapes)), trust, imports, vocab)
     with console.status("exporting") as status:
         result = export_any(opts, foreign_opts, status=lambda text: status.update(text))
-    if getattr(result, "fusion", None) is not None:
+    if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(result.fusion.table())
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
