@@ -33,7 +33,8 @@ extern "C" {
  * maskBias[b*maskStrideB + h*maskStrideH + i*maskStrideQ + j*maskStrideK] (strides in elements, >= 0;
  * 0 broadcasts that axis, e.g. a [B,1,1,Tk] mask has strides (Tk, 0, 0, 1)). scores: device float32
  * [B,H,Tq,Tk] contiguous; it may alias prevScores exactly (in-place update), no other overlap.
- * 1 <= dh, dv <= ATTNRES_RSA_MAX_HEAD_DIM. All arithmetic is float32; the [Tq,Tk] probabilities are never
+ * 1 <= dh, dv <= ATTNRES_RSA_MAX_HEAD_DIM. All accumulation is float32 (scores exactly so; float16 and
+ * bfloat16 round the probabilities to dtype for the tensor-core P @ v); the [Tq,Tk] probabilities are never
  * written to memory.
  *
  * Enqueued on `stream` with no synchronisation. Returns cudaErrorInvalidValue for bad arguments (NULL
