@@ -24,6 +24,7 @@
  * slice of the output. There is no global workspace, so concurrent launches need no coordination.
  */
 #include "attnResAggregateKernel.h"
+#include "common/attnresCudaConvert.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -56,41 +57,8 @@ struct SourceTable
     void const* ptr[ATTNRES_MAX_SOURCES];
 };
 
-template <typename T>
-__device__ __forceinline__ float toFloat(T v);
-template <>
-__device__ __forceinline__ float toFloat<float>(float v)
-{
-    return v;
-}
-template <>
-__device__ __forceinline__ float toFloat<__half>(__half v)
-{
-    return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float toFloat<__nv_bfloat16>(__nv_bfloat16 v)
-{
-    return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T fromFloat(float v);
-template <>
-__device__ __forceinline__ float fromFloat<float>(float v)
-{
-    return v;
-}
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float v)
-{
-    return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
+using attnres::fromFloat;
+using attnres::toFloat;
 
 //! VEC consecutive elements moved by one load or store (16 bytes on the vector path).
 template <typename T, int VEC>

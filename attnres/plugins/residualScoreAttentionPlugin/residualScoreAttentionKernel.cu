@@ -27,6 +27,7 @@
  * 1..128 is exact.
  */
 #include "residualScoreAttentionKernel.h"
+#include "common/attnresCudaConvert.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,18 +41,7 @@ namespace
 
 constexpr int kBM = 64; // query rows per block (both kernels)
 
-template <typename T>
-__device__ __forceinline__ T fromFloat(float v);
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float v)
-{
-    return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
+using attnres::fromFloat;
 
 struct Params
 {
