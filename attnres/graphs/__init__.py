@@ -1,0 +1,1 @@
+"""The ONNX side of the op set: schemas, decompositions, targets, pattern fusion, inspection."""

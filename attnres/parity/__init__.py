@@ -1,0 +1,1 @@
+"""Backends behind one runner interface, error metrics, pass bars and the parity report."""
