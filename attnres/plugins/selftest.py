@@ -27,20 +27,7 @@ from rich.table import Table
 from attnres.ops import attnres_aggregate_reference
 from attnres.plugins import selftest_rsa
 from attnres.plugins.build import PluginBuildError, build_plugins
-
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "float32": (torch.float32, 0),
-    "float16": (torch.float16, 1),
-    "bfloat16": (torch.bfloat16, 2),
-}
-"""Name -> (torch dtype, the launcher's dtype code)."""
-
-BARS: dict[str, tuple[float, float]] = {
-    "float32": (1e-5, 0.999999),
-    "float16": (5e-3, 0.9999),
-    "bfloat16": (2e-2, 0.999),
-}
-"""Relative L2 and cosine pass bars against the float32 reference (SPEC 6)."""
+from attnres.plugins.selftest_common import DTYPES, passes
 
 EPS = 1e-6
 L2_BYTES = 50 * 2**20
@@ -96,12 +83,6 @@ def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, f
     rel_l2 = float((o - r).norm() / r.norm().clamp_min(1e-300))
     cosine = float(torch.dot(o, r) / (o.norm() * r.norm()).clamp_min(1e-300))
     return rel_l2, cosine, float((o - r).abs().max())
-
-
-def passes(dtype: str, rel_l2: float, cosine: float) -> bool:
-    """SPEC 6 bars; NaN never passes."""
-    max_rel, min_cos = BARS[dtype]
-    return rel_l2 <= max_rel and cosine >= min_cos
 
 
 class Kernels:
