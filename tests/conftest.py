@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from attnres.models import ModelConfig, save_checkpoint
-from attnres.models.example import make_example
+from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models.example import make_example
 
 SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-import attnres.exporter.save as save_module
-from attnres.cli import app, export_app
+import attnres_export.exporter.save as save_module
+from attnres_export.cli import app, export_app
 
 runner = CliRunner()
 

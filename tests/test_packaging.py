@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_folder_with_modules_is_found_as_a_package():
-    found = set(find_packages(str(ROOT), include=["attnres*"]))
-    folders = {p.parent for p in (ROOT / "attnres").rglob("*.py") if "__pycache__" not in p.parts}
+    found = set(find_packages(str(ROOT), include=["attnres_export*"]))
+    folders = {p.parent for p in (ROOT / "attnres_export").rglob("*.py") if "__pycache__" not in p.parts}
     expected = {".".join(folder.relative_to(ROOT).parts) for folder in folders}
     assert expected <= found, f"folders without __init__.py: {sorted(expected - found)}"

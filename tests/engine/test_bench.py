@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 from typer.testing import CliRunner
 
-from attnres.cli import app
-from attnres.engine.bench import HostClock, Workload, measure, ratio_lines
+from attnres_export.cli import app
+from attnres_export.engine.bench import HostClock, Workload, measure, ratio_lines
 from tests.engine.graphs import token_model
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from attnres.engine.manifest import EngineManifest, manifest_path, read_manifest, sha256_file, write_manifest
-from attnres.errors import EngineError
+from attnres_export.engine.manifest import EngineManifest, manifest_path, read_manifest, sha256_file, write_manifest
+from attnres_export.errors import EngineError
 
 
 def manifest(library: str | None = "/libs/libattnres_trt.so", embedded: bool = False) -> EngineManifest:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from onnx import TensorProto
 
-from attnres.engine.preflight import preflight, registry_listing
+from attnres_export.engine.preflight import preflight, registry_listing
 from tests.engine.graphs import aggregate_model
 
 REGISTRY = [("AttnResAggregate", "1", "attnres"), ("OtherPlugin", "1", "")]

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from attnres.cli import app
+from attnres_export.cli import app
 
 pytest.importorskip("tensorrt", reason="TensorRT is not installed (needs an NVIDIA GPU machine)")
 torch = pytest.importorskip("torch")
@@ -17,11 +17,11 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from attnres.exporter.export import ExportOptions, export_checkpoint
-    from attnres.exporter.ranges import DimRange
-    from attnres.models import ModelConfig, save_checkpoint
-    from attnres.models.example import make_example
-    from attnres.plugins.build import build_plugins
+    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.ranges import DimRange
+    from attnres_export.models import ModelConfig, save_checkpoint
+    from attnres_export.models.example import make_example
+    from attnres_export.plugins.build import build_plugins
 
     root = tmp_path_factory.mktemp("trt")
     libs = build_plugins()

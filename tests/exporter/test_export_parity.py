@@ -8,9 +8,9 @@ import json
 import onnx
 import pytest
 
-from attnres.exporter.export import ExportOptions, export_checkpoint
-from attnres.exporter.ranges import DimRange
-from attnres.graphs.onnx_utils import attnres_nodes, attribute
+from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.ranges import DimRange
+from attnres_export.graphs.onnx_utils import attnres_nodes, attribute
 from tests.conftest import write_checkpoint
 
 MODELS = {

@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 import torch
 
-from attnres.ops.identity import AGGREGATE, DOMAIN
-from attnres.parity.metrics import DEFAULT_TOLERANCES, compare
-from attnres.parity.runners import OnnxRuntimeRunner
+from attnres_export.ops.identity import AGGREGATE, DOMAIN
+from attnres_export.parity.metrics import DEFAULT_TOLERANCES, compare
+from attnres_export.parity.runners import OnnxRuntimeRunner
 from tests.fusion.foreign_models import example_ids
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnres.cli import app
+from attnres_export.cli import app
 from tests.fusion.foreign_models import POSITIVE, StackEinsumLM, TokenMajorLM
 from tests.fusion.helpers import fused_count, matches_torch, plain_onnx, save_program
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from attnres.graphs.fusion import fuse_model
+from attnres_export.graphs.fusion import fuse_model
 from tests.fusion.foreign_models import NEGATIVE, POSITIVE, StackEinsumLM
 from tests.fusion.helpers import fused_count, matches_torch, plain_onnx
 
@@ -57,7 +57,7 @@ def test_a_softmax_over_tokens_is_rejected_because_it_weighs_no_stack_of_sources
 def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_are_rejected(tmp_path):
     from typer.testing import CliRunner
 
-    from attnres.cli import app
+    from attnres_export.cli import app
     from tests.conftest import write_checkpoint
 
     checkpoint = write_checkpoint(tmp_path / "own.pt", n_layers=2, block_size=2)

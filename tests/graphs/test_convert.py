@@ -6,12 +6,12 @@ import numpy as np
 import onnx
 import pytest
 
-from attnres.errors import GraphError
-from attnres.exporter.export import ExportOptions, export_checkpoint
-from attnres.graphs.onnx_utils import attnres_nodes
-from attnres.graphs.targets import convert, detect_target
-from attnres.ops.identity import ORT_TRT_DOMAIN
-from attnres.parity.runners import OnnxRuntimeRunner
+from attnres_export.errors import GraphError
+from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.graphs.onnx_utils import attnres_nodes
+from attnres_export.graphs.targets import convert, detect_target
+from attnres_export.ops.identity import ORT_TRT_DOMAIN
+from attnres_export.parity.runners import OnnxRuntimeRunner
 
 
 @pytest.fixture(scope="module", params=["float32", "float16"])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnres.models import ModelConfig
-from attnres.models.example import make_example
+from attnres_export.models import ModelConfig
+from attnres_export.models.example import make_example
 from tests.models import numpy_attnres_lm
 
 SMALL = {"vocab_size": 53, "d_model": 24, "n_heads": 3, "d_ff": 40, "max_seq_len": 32}
@@ -48,7 +48,7 @@ def test_each_sublayer_sees_the_spec_number_of_sources(block_size, expected_sour
     cfg = ModelConfig(**SMALL, n_layers=3, block_size=block_size)
     model = make_example(cfg, seed=0)
     seen = []
-    import attnres.models.attnres_lm as lm
+    import attnres_export.models.attnres_lm as lm
 
     real = lm.attnres_aggregate
     monkeypatch.setattr(lm, "attnres_aggregate", lambda sw, srcs, eps: seen.append(len(srcs)) or real(sw, srcs, eps))

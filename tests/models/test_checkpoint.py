@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnres.errors import CheckpointError
-from attnres.models import ModelConfig, load_checkpoint, save_checkpoint
-from attnres.models.example import make_example
+from attnres_export.errors import CheckpointError
+from attnres_export.models import ModelConfig, load_checkpoint, save_checkpoint
+from attnres_export.models.example import make_example
 from tests.conftest import SMALL
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnres.ops import attnres_aggregate, attnres_aggregate_numpy_in
+from attnres_export.ops import attnres_aggregate, attnres_aggregate_numpy_in
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Bars for the op's output against a float64 reference on the same stored inputs: the op computes in float32,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from attnres.ops import attnres_aggregate
-from attnres.ops.two_phase import phase1, phase2
+from attnres_export.ops import attnres_aggregate
+from attnres_export.ops.two_phase import phase1, phase2
 
 
 def test_two_phase_merge_equals_direct_softmax_over_blocks_and_partial():

@@ -10,12 +10,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from attnres.exporter.export import ExportOptions, export_checkpoint
-from attnres.exporter.ranges import DimRange
-from attnres.exporter.save import save_onnx_atomic
-from attnres.graphs.targets import convert
-from attnres.models import ModelConfig, save_checkpoint
-from attnres.models.example import make_example
+from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.ranges import DimRange
+from attnres_export.exporter.save import save_onnx_atomic
+from attnres_export.graphs.targets import convert
+from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models.example import make_example
 
 
 @dataclass(frozen=True)

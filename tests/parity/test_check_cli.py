@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from attnres.cli import app
+from attnres_export.cli import app
 
 
 def invoke(*args: str):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attnres.cli import app
-from attnres.parity.polygraphy_io import save_polygraphy
+from attnres_export.cli import app
+from attnres_export.parity.polygraphy_io import save_polygraphy
 
 polygraphy_json = pytest.importorskip("polygraphy.json", reason="polygraphy (the `test` extra) is not installed")
 from polygraphy.comparator import RunResults  # noqa: E402

@@ -7,9 +7,9 @@ import json
 import numpy as np
 from rich.console import Console
 
-from attnres.parity.metrics import DEFAULT_TOLERANCES, ErrorMetrics, compare
-from attnres.parity.report import Check, Report, run_checks
-from attnres.parity.runners import Runner
+from attnres_export.parity.metrics import DEFAULT_TOLERANCES, ErrorMetrics, compare
+from attnres_export.parity.report import Check, Report, run_checks
+from attnres_export.parity.runners import Runner
 
 GOOD = ErrorMetrics(1e-7, 1e-6, 1e-7, 1.0, True)
 BAD = ErrorMetrics(0.5, 2.0, 0.3, 0.95, False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnres.plugins import build
-from attnres.plugins.cli import plugin_app
+from attnres_export.plugins import build
+from attnres_export.plugins.cli import plugin_app
 
 NVCC = shutil.which("nvcc") or next((p for p in build.NVCC_FALLBACKS if Path(p).is_file()), None)
 

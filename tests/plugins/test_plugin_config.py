@@ -1,11 +1,11 @@
-"""The plugin's YAML, C++ source and attnres.ops.identity must name the same op."""
+"""The plugin's YAML, C++ source and attnres_export.ops.identity must name the same op."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnres.ops import identity
-from attnres.plugins.build import SOURCE_DIR
+from attnres_export.ops import identity
+from attnres_export.plugins.build import SOURCE_DIR
 
 yaml = pytest.importorskip("yaml", reason="pyyaml is in the test extra")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnres.plugins import selftest, selftest_rsa
+from attnres_export.plugins import selftest, selftest_rsa
 
 
 def test_cases_cover_every_value_of_the_brief() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnres.models import ModelConfig, save_checkpoint
-from attnres.models.example import make_example
+from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models.example import make_example
 
 
 def realformer_config(running_mean: bool = False, **overrides) -> ModelConfig:

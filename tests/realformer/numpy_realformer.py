@@ -1,4 +1,4 @@
-"""An independent NumPy RealFormer written from SPEC 3 (float64), sharing no code with attnres.models."""
+"""An independent NumPy RealFormer written from SPEC 3 (float64), sharing no code with attnres_export.models."""
 
 from __future__ import annotations
 

@@ -8,16 +8,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnres.cli import app
-from attnres.errors import CheckpointError
-from attnres.exporter.export import ExportOptions, export_checkpoint
-from attnres.exporter.ranges import DimRange
-from attnres.graphs.onnx_utils import attnres_nodes, attribute
-from attnres.graphs.types import value_types
-from attnres.models import load_checkpoint
-from attnres.models.checkpoint import FORMAT, VERSION
-from attnres.ops import RESIDUAL_ATTENTION
-from attnres.parity.runners import OnnxRuntimeRunner, TorchRunner
+from attnres_export.cli import app
+from attnres_export.errors import CheckpointError
+from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.ranges import DimRange
+from attnres_export.graphs.onnx_utils import attnres_nodes, attribute
+from attnres_export.graphs.types import value_types
+from attnres_export.models import load_checkpoint
+from attnres_export.models.checkpoint import FORMAT, VERSION
+from attnres_export.ops import RESIDUAL_ATTENTION
+from attnres_export.parity.runners import OnnxRuntimeRunner, TorchRunner
 
 ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
         "bfloat16": onnx.TensorProto.BFLOAT16}

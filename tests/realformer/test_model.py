@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnres.models.example import make_example
-from attnres.models.realformer import MASK_BIAS, RealFormer, padding_bias
+from attnres_export.models.example import make_example
+from attnres_export.models.realformer import MASK_BIAS, RealFormer, padding_bias
 from tests.realformer.conftest import realformer_config
 from tests.realformer.numpy_realformer import realformer_numpy
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnres.ops import residual_score_attention, residual_score_attention_numpy_in
+from attnres_export.ops import residual_score_attention, residual_score_attention_numpy_in
 
 SHAPES = [  # B, H, Tq, Tk, dh, dv
     (2, 3, 5, 7, 8, 8),

@@ -1,6 +1,0 @@
-"""Fusing the depth aggregations of AttnRes graphs written elsewhere into AttnResAggregate nodes (docs/fusion.md)."""
-
-from attnres.graphs.fusion.feeds import random_feeds
-from attnres.graphs.fusion.fuse import FusionResult, SiteOutcome, fuse_model
-
-__all__ = ["FusionResult", "SiteOutcome", "fuse_model", "random_feeds"]

@@ -1,0 +1,159 @@
+"""``attnres-export``: checkpoint -> ONNX for a target and dtype, then the parity check on ONNX Runtime CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from attnres_export import __version__
+from attnres_export.errors import ExportError
+from attnres_export.exporter.ranges import DimRange
+from attnres_export.exporter.save import save_onnx_atomic
+from attnres_export.exporter.to_onnx import export_module
+from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
+from attnres_export.graphs.targets import convert
+from attnres_export.models import load_checkpoint
+from attnres_export.ops.identity import OPSET_VERSION
+from attnres_export.parity.metrics import Tolerance, tolerance_for
+from attnres_export.parity.report import Report, run_checks
+from attnres_export.parity.runners import TORCH_DTYPES, OnnxRuntimeRunner, TorchRunner
+
+EXPORT_KEY = "attnres.export"
+"""Model metadata: how the file was exported (dtype, target, dim ranges: the defaults of `attnres build`)."""
+
+DEFAULT_OPSET = 18
+SUPPORTED_OPSETS = range(18, 24)
+
+
+@dataclass
+class ExportOptions:
+    checkpoint: Path
+    output: Path | None = None
+    target: str = "tensorrt"
+    dtype: str = "float32"
+    opset: int = DEFAULT_OPSET
+    batch: DimRange = field(default_factory=lambda: DimRange(1, 1, 8))
+    seq: DimRange | None = None
+    check: bool = True
+    seed: int = 0
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+
+    def resolved_output(self) -> Path:
+        if self.output is not None:
+            return self.output
+        suffix = "" if self.dtype == "float32" else f".{self.dtype}"
+        return self.checkpoint.with_name(f"{self.checkpoint.stem}{suffix}.{self.target}.onnx")
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    files: list[Path]
+    fused_nodes: int
+    expected_aggregations: int
+    report: Report | None
+    fused_by_type: dict[str, int] = field(default_factory=dict)
+
+
+def validate_options(opts: ExportOptions) -> None:
+    if opts.target not in ("tensorrt", "portable"):
+        raise ExportError(f"--target {opts.target!r}: choose tensorrt or portable (ort-trt: `attnres convert`)")
+    if opts.dtype not in TORCH_DTYPES:
+        raise ExportError(f"--dtype {opts.dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
+    if opts.opset not in SUPPORTED_OPSETS:
+        raise ExportError(
+            f"--opset {opts.opset}: supported are {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
+        )
+
+
+def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
+    """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input."""
+    validate_options(opts)
+    status(f"loading {opts.checkpoint}")
+    model, cfg = load_checkpoint(opts.checkpoint)
+    seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
+    if seq.max > cfg.max_seq_len:
+        raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
+    ranges = {"batch": opts.batch, "seq": seq}
+
+    status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset})")
+    onnx_model = _export(model, ranges, opts)
+    fused_nodes = attnres_nodes(onnx_model.graph)
+    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
+    expected = model.fused_node_count()
+    if fused != expected:
+        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
+                          "please report this")
+    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
+            "target": opts.target, "arch": cfg.arch, "dims": {k: v.as_list() for k, v in ranges.items()},
+            "inputs": {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}}
+    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
+    if fused:
+        onnx_model = convert(onnx_model, opts.target)
+
+    out = opts.resolved_output()
+    status(f"checking and writing {out}")
+    files = save_onnx_atomic(onnx_model, out)
+
+    report = None
+    if opts.check:
+        report = check_export(model, onnx_model, out, ranges, opts, status)
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out)})
+    return ExportResult(out, files, fused, expected, report, fused_by_type)
+
+
+def _export(model: torch.nn.Module, ranges: dict[str, DimRange], opts: ExportOptions) -> onnx.ModelProto:
+    export_copy = copy.deepcopy(model)
+    export_copy.fold_score_weights()
+    export_copy.to(TORCH_DTYPES[opts.dtype])
+    trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
+    feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
+    dynamic = {
+        name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
+        for name, axes in model.input_axes.items()
+    }
+    example = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    return export_module(export_copy, example, dynamic, list(model.output_names), opts.opset)
+
+
+def _trace_size(rng: DimRange) -> int:
+    """torch.export specialises sizes 0 and 1, so a dynamic dim is traced at a size of at least 2."""
+    if rng.min == rng.max:
+        return rng.min
+    return min(max(rng.opt, 2), rng.max)
+
+
+def check_shapes(ranges: dict[str, DimRange]) -> list[tuple[int, int]]:
+    """Two (batch, seq) shapes inside the ranges: the optimum, and the largest batch with the fewest tokens
+    (a single token whenever the range allows it)."""
+    batch, seq = ranges["batch"], ranges["seq"]
+    shapes = [(batch.opt, seq.opt), (batch.max, seq.min)]
+    return list(dict.fromkeys(shapes))
+
+
+def check_export(
+    model: torch.nn.Module,
+    onnx_model: onnx.ModelProto,
+    path: Path,
+    ranges: dict[str, DimRange],
+    opts: ExportOptions,
+    status: Callable[[str], None],
+) -> Report:
+    """Run the written ONNX on ONNX Runtime CPU against the float32 PyTorch model on the same inputs."""
+    output_names = list(model.output_names)
+
+    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
+
+    runner = OnnxRuntimeRunner(onnx_model, artifact=path.name)
+    tol = tolerance_for(opts.dtype, opts.tolerances)
+    return run_checks(TorchRunner(model, output_names), [(runner, opts.dtype, tol)], check_shapes(ranges), feeds,
+                      progress=lambda what: status(f"parity: {what}"))

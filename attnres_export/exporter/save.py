@@ -1,0 +1,51 @@
+"""Atomic, checked ONNX saving, with external data for models over protobuf's 2 GB limit."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from attnres_export.graphs.schemas import register_schemas
+from attnres_export.io import default_file_mode
+
+PROTOBUF_LIMIT = 2**31 - 1
+EXTERNAL_DATA_MARGIN = 64 << 20
+
+
+def needs_external_data(model: onnx.ModelProto) -> bool:
+    return model.ByteSize() > PROTOBUF_LIMIT - EXTERNAL_DATA_MARGIN
+
+
+def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
+    """Write ``path`` (and ``path.data`` when large) after a full ``onnx.checker`` pass on the written file.
+
+    ``model`` is not modified (saving with external data rewrites tensors in place, so a copy is saved).
+    Everything is written to a temporary folder beside ``path``; the .onnx is renamed into place last, so an
+    interrupted run never leaves a partial model, and an invalid model is never put in place.
+    """
+    register_schemas()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp_dir:
+        tmp = Path(tmp_dir) / path.name
+        external = needs_external_data(model)
+        data_name = path.name + ".data"
+        if external:
+            detached = onnx.ModelProto()
+            detached.CopyFrom(model)
+            onnx.save_model(detached, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024)
+        else:
+            onnx.save_model(model, str(tmp))
+        onnx.checker.check_model(str(tmp), full_check=True)
+        written = [path]
+        for produced in Path(tmp_dir).iterdir():
+            os.chmod(produced, default_file_mode())
+        if external:
+            os.replace(Path(tmp_dir) / data_name, path.parent / data_name)
+            written.append(path.parent / data_name)
+        os.replace(tmp, path)
+    return written

@@ -1,0 +1,6 @@
+"""Fusing the depth aggregations of AttnRes graphs written elsewhere into AttnResAggregate nodes (docs/fusion.md)."""
+
+from attnres_export.graphs.fusion.feeds import random_feeds
+from attnres_export.graphs.fusion.fuse import FusionResult, SiteOutcome, fuse_model
+
+__all__ = ["FusionResult", "SiteOutcome", "fuse_model", "random_feeds"]

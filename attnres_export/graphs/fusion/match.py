@@ -1,0 +1,154 @@
+"""Structure of one candidate site: from a Softmax to the sources it weighs and the weighted sum it produces.
+
+Only the plumbing is matched here (which tensors are the sources, which tensor is the result); whether the
+site computes AttnRes, and with which score weight and eps, is decided numerically (probe.py, verify.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from attnres_export.graphs.fusion.errors import Rejected
+from attnres_export.graphs.fusion.graph import GraphIndex
+from attnres_export.graphs.fusion.resolve import resolve_slot, strip_casts
+from attnres_export.graphs.onnx_utils import attribute
+
+PLUMBING = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Expand", "Identity", "Flatten"}
+SLICING = {"Split", "Slice", "Gather"}
+COMBINE = {"Mul", "MatMul", "Einsum"}
+OUTPUT_WINDOW = 64
+"""How many nodes after the weighting nodes the weighted sum may take (per source)."""
+
+
+@dataclass
+class SiteMatch:
+    """A Softmax whose result weighs ``sources`` (separate tensors, same shape) into ``output``."""
+
+    softmax: onnx.NodeProto
+    sources: list[str]
+    output: str
+
+
+def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> SiteMatch:
+    """The sources and output of the aggregation around ``softmax``; raises Rejected with the reason."""
+    weights = values.get(softmax.output[0])
+    if weights is None:
+        raise Rejected("the softmax was not computed in the reference run")
+    n = weights.shape[attribute(softmax, "axis", -1) % weights.ndim]
+    combines = _weighting_nodes(index, softmax.output[0])
+    if not combines:
+        raise Rejected("the softmax result is not used as weights of a product (Mul, MatMul or Einsum)")
+    if len(combines) == 1:
+        try:
+            sources = _stacked_sources(index, combines[0], n, values)
+        except Rejected:
+            if n != 1:
+                raise
+            sources = [strip_casts(index, combines[0][1], values)]
+    elif len(combines) == n:
+        sources = [strip_casts(index, operand, values) for _, operand in combines]
+    else:
+        raise Rejected(f"the {n} softmax weights are used by {len(combines)} products")
+    shapes = {values[s].shape for s in sources}
+    if len(shapes) != 1 or len({values[s].dtype for s in sources}) != 1:
+        raise Rejected("the sources differ in shape or type")
+    output = _weighted_sum(index, [node for node, _ in combines], next(iter(shapes)), values)
+    output = _through_cast_back(index, output, values[sources[0]].dtype, values)
+    return SiteMatch(softmax, list(sources), output)
+
+
+def _stacked_sources(index: GraphIndex, combine: tuple[onnx.NodeProto, str], n: int, values: dict) -> list[str]:
+    node, operand = combine
+    axis = _stack_axis(index, node, operand, n, values)
+    sources = [resolve_slot(index, values, operand, axis, k) for k in range(n)]
+    if any(s is None for s in sources):
+        raise Rejected("the weighted tensor could not be traced to separate source tensors (not a stack)")
+    return sources
+
+
+def _weighting_nodes(index: GraphIndex, weights: str) -> list[tuple[onnx.NodeProto, str]]:
+    """Products that take the softmax result (through reshapes, casts and slices) and one other tensor."""
+    derived, stack, found = {weights}, [weights], []
+    while stack:
+        tensor = stack.pop()
+        for node in index.consumers.get(tensor, []):
+            if node.op_type in PLUMBING | SLICING and node.input[0] == tensor:
+                for out in node.output:
+                    if out and out not in derived:
+                        derived.add(out)
+                        stack.append(out)
+            elif node.op_type in COMBINE:
+                others = [i for i in node.input if i not in derived]
+                if len(others) != 1:
+                    raise Rejected(f"{node.op_type} {node.name!r} multiplies the weights by {len(others)} tensors")
+                if all(node is not seen for seen, _ in found):
+                    found.append((node, others[0]))
+    found.sort(key=lambda item: index.position[id(item[0])])
+    return found
+
+
+def _stack_axis(index: GraphIndex, node: onnx.NodeProto, operand: str, n: int, values: dict) -> int:
+    """The axis of the stacked operand that the softmax weighs."""
+    shape = values[operand].shape
+    candidates = [a for a, size in enumerate(shape) if size == n]
+    if len(candidates) > 1:
+        candidates = [a for a in candidates if a in _contracted_axes(index, node, operand, values)]
+    if len(candidates) != 1:
+        raise Rejected(f"cannot tell which axis of {operand!r} holds the {n} sources")
+    return candidates[0]
+
+
+def _contracted_axes(index: GraphIndex, node: onnx.NodeProto, operand: str, values: dict) -> set[int]:
+    rank = values[operand].ndim
+    if node.op_type == "MatMul":
+        return {rank - 2} if node.input[1] == operand else {rank - 1}
+    if node.op_type == "Einsum":
+        inputs, _, output = attribute(node, "equation").decode().replace(" ", "").partition("->")
+        terms = inputs.split(",")
+        mine = terms[list(node.input).index(operand)]
+        others = set("".join(t for i, t in enumerate(terms) if node.input[i] != operand))
+        return {a for a, letter in enumerate(mine) if letter in others and letter not in output}
+    consumer = _single_consumer(index, node.output[0])
+    while consumer is not None and consumer.op_type == "Cast":
+        consumer = _single_consumer(index, consumer.output[0])
+    if consumer is None or consumer.op_type != "ReduceSum":
+        return set()
+    out_rank = values[node.output[0]].ndim
+    axes = index.int_list(consumer, 1, "axes") or []
+    return {a % out_rank - (out_rank - rank) for a in axes}
+
+
+def _single_consumer(index: GraphIndex, name: str) -> onnx.NodeProto | None:
+    users = index.consumers.get(name, [])
+    return users[0] if len(users) == 1 else None
+
+
+def _weighted_sum(index: GraphIndex, combines: list[onnx.NodeProto], shape: tuple, values: dict) -> str:
+    """The first tensor after the products that depends on all of them and has the sources' shape."""
+    bits = {id(node): 1 << i for i, node in enumerate(combines)}
+    full = (1 << len(combines)) - 1
+    reach: dict[str, int] = {}
+    start = min(index.position[id(node)] for node in combines)
+    for node in index.nodes[start: start + OUTPUT_WINDOW * (len(combines) + 1)]:
+        mask = bits.get(id(node), 0)
+        for name in node.input:
+            mask |= reach.get(name, 0)
+        if not mask:
+            continue
+        for name in node.output:
+            reach[name] = mask
+            if mask == full and name in values and values[name].shape == shape:
+                return name
+    raise Rejected("no weighted sum of the sources' shape follows the products")
+
+
+def _through_cast_back(index: GraphIndex, name: str, dtype: np.dtype, values: dict) -> str:
+    """Prefer the result after a lone Cast back to the storage type (float32 math in a half-precision model)."""
+    consumer = _single_consumer(index, name)
+    if values[name].dtype != dtype and consumer is not None and consumer.op_type == "Cast" \
+            and consumer.output[0] in values and values[consumer.output[0]].dtype == dtype:
+        return consumer.output[0]
+    return name

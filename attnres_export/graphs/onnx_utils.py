@@ -1,0 +1,70 @@
+"""Small helpers over ONNX protos shared by the graph transforms."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import onnx
+
+from attnres_export.ops.identity import DOMAIN
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    raise ValueError("model imports no default-domain opset")
+
+
+def set_domain_import(model: onnx.ModelProto, domain: str, version: int | None) -> None:
+    """Add, update (``version``) or remove (``None``) one domain of ``opset_import``."""
+    kept = [e for e in model.opset_import if e.domain != domain]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    if version is not None:
+        model.opset_import.append(onnx.helper.make_opsetid(domain, version))
+
+
+def attnres_nodes(graph: onnx.GraphProto, domain: str = DOMAIN) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if n.domain == domain]
+
+
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return default
+
+
+def replace_nodes(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> None:
+    new = list(nodes)
+    del graph.node[:]
+    graph.node.extend(new)
+
+
+def metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str | None) -> None:
+    kept = [p for p in model.metadata_props if p.key != key]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    if value is not None:
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+
+
+def unique_namer(graph: onnx.GraphProto, prefix: str):
+    """A function returning fresh value names ``prefix/<n>`` that collide with nothing in ``graph``."""
+    used = {v for n in graph.node for v in (*n.input, *n.output)}
+    used |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    counter = iter(range(1 << 30))
+
+    def fresh(hint: str) -> str:
+        while True:
+            name = f"{prefix}/{hint}_{next(counter)}"
+            if name not in used:
+                used.add(name)
+                return name
+
+    return fresh

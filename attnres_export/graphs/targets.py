@@ -1,0 +1,159 @@
+"""Targets of an exported model (SPEC 4): ``tensorrt``, ``portable`` and ``ort-trt``, and conversions between them."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+from onnx import helper as oh
+
+from attnres_export.errors import GraphError
+from attnres_export.graphs.decompose import decompose_aggregate
+from attnres_export.graphs.decompose_attention import decompose_residual_attention
+from attnres_export.graphs.onnx_utils import (
+    attnres_nodes,
+    attribute,
+    default_opset,
+    metadata,
+    replace_nodes,
+    set_domain_import,
+    set_metadata,
+    unique_namer,
+)
+from attnres_export.graphs.optional_inputs import compact_all, expand, is_attention
+from attnres_export.graphs.types import value_types
+from attnres_export.ops.identity import (
+    AGGREGATE,
+    DOMAIN,
+    OPSET_VERSION,
+    ORT_TRT_DOMAIN,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    RESIDUAL_ATTENTION,
+)
+
+TARGETS = ("tensorrt", "portable", "ort-trt")
+PORTABLE_KEY = "attnres.portable_nodes"
+"""Model metadata listing the fused nodes a portable model decomposed, so it can be converted back.
+
+One record per node: ``name``, ``op_type``, ``inputs`` (``""`` for an absent optional input), ``outputs`` and
+``attributes`` (all but the plugin ones, which are re-added)."""
+
+_DECOMPOSITIONS = {AGGREGATE: (decompose_aggregate, 1), RESIDUAL_ATTENTION: (decompose_residual_attention, 0)}
+"""Op type -> (decomposition, index of the input whose type is the storage type)."""
+
+_PLUGIN_ATTRIBUTES = ("plugin_version", "plugin_namespace")
+
+
+def detect_target(model: onnx.ModelProto) -> str:
+    """``tensorrt`` or ``ort-trt`` when fused nodes are present, else ``portable``."""
+    if attnres_nodes(model.graph, ORT_TRT_DOMAIN):
+        return "ort-trt"
+    return "tensorrt" if attnres_nodes(model.graph) else "portable"
+
+
+def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
+    """A copy of ``model`` written for ``target``."""
+    if target not in TARGETS:
+        raise GraphError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    source = detect_target(out)
+    if source == "ort-trt":
+        _move_domain(out, ORT_TRT_DOMAIN, DOMAIN)
+    elif source == "portable" and target != "portable":
+        _refuse_unless_recorded(out)
+        _recompose(out)
+    if target == "portable":
+        _decompose(out)
+        return out
+    compact_all(out.graph)
+    if target == "ort-trt":
+        _move_domain(out, DOMAIN, ORT_TRT_DOMAIN)
+    return out
+
+
+def _fused_node(record: dict) -> onnx.NodeProto:
+    return oh.make_node(
+        record["op_type"], record["inputs"], record["outputs"], name=record["name"], domain=DOMAIN,
+        **record["attributes"], plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
+    )
+
+
+def _record(node: onnx.NodeProto) -> dict:
+    attributes = {a.name: attribute(node, a.name) for a in node.attribute if a.name not in _PLUGIN_ATTRIBUTES}
+    return {"name": node.name, "op_type": node.op_type, "inputs": list(node.input), "outputs": list(node.output),
+            "attributes": attributes}
+
+
+def _decompose(model: onnx.ModelProto) -> None:
+    graph = model.graph
+    fused = attnres_nodes(graph)
+    if not fused:
+        return
+    opset = default_opset(model)
+    types = value_types(model)
+    fresh = unique_namer(graph, "attnres")
+    records, nodes = [], []
+    for index, node in enumerate(graph.node):
+        if node.domain != DOMAIN:
+            nodes.append(node)
+            continue
+        if node.op_type not in _DECOMPOSITIONS:
+            raise GraphError(f"node {node.name!r}: no portable decomposition for attnres op {node.op_type!r}")
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+        if is_attention(node):
+            expand(node)
+        decomposition, storage_input = _DECOMPOSITIONS[node.op_type]
+        nodes.extend(decomposition(node, types[node.input[storage_input]], opset, fresh))
+        records.append(_record(node))
+    replace_nodes(graph, nodes)
+    set_domain_import(model, DOMAIN, None)
+    set_metadata(model, PORTABLE_KEY, json.dumps(records))
+
+
+def _refuse_unless_recorded(model: onnx.ModelProto) -> None:
+    if PORTABLE_KEY not in metadata(model):
+        raise GraphError(
+            "this ONNX has no attnres nodes and no record of decomposed ones (it was not written by "
+            "`attnres-export --target portable`); use `attnres fuse` to find aggregations by pattern"
+        )
+
+
+def _recompose(model: onnx.ModelProto) -> None:
+    """Replace each recorded decomposition (nodes named ``<name>/...``) by its fused node.
+
+    The fused node goes where the last of its outputs was computed: every input is available there.
+    """
+    graph = model.graph
+    records = json.loads(metadata(model)[PORTABLE_KEY])
+    by_prefix = {f"{r['name']}/": r for r in records}
+    nodes: list[onnx.NodeProto] = []
+    pending: dict[str, list[onnx.NodeProto]] = {p: [] for p in by_prefix}
+    for node in graph.node:
+        prefix = next((p for p in by_prefix if node.name.startswith(p)), None)
+        if prefix is None:
+            nodes.append(node)
+            continue
+        pending[prefix].append(node)
+        record = by_prefix[prefix]
+        produced = {o for n in pending[prefix] for o in n.output}
+        wanted = [o for o in record["outputs"] if o]
+        if set(node.output) & set(wanted) and produced.issuperset(wanted):
+            nodes.append(_fused_node(record))
+    missing = [r["name"] for p, r in by_prefix.items() if not pending[p]]
+    if missing:
+        raise GraphError(f"recorded attnres nodes {missing[:3]} are not in the graph any more; re-export the model")
+    replace_nodes(graph, nodes)
+    set_domain_import(model, DOMAIN, OPSET_VERSION)
+    set_metadata(model, PORTABLE_KEY, None)
+
+
+def _move_domain(model: onnx.ModelProto, old: str, new: str) -> None:
+    for node in model.graph.node:
+        if node.domain == old:
+            node.domain = new
+    version = next((e.version for e in model.opset_import if e.domain == old), OPSET_VERSION)
+    set_domain_import(model, old, None)
+    set_domain_import(model, new, version)

@@ -1,0 +1,221 @@
+"""``AttnResLM``: the reference decoder-only LM of SPEC 2, with AttnRes (Full/Block) or standard residuals.
+
+One readable file: the math is visible. Every depth aggregation goes through ``attnres::aggregate`` so the
+exporter sees exactly one op per aggregation.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnres_export.models.config import ModelConfig
+from attnres_export.ops.aggregate import attnres_aggregate
+
+ROPE_THETA = 10000.0
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` computed in float32, returned in the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+class KeepFloat32(nn.Module):
+    """A module whose parameters and buffers stay float32 under ``.half()``/``.to(dtype)``.
+
+    Aggregation weights and rotary tables are folded and applied in float32 (SPEC 1.2, 2), so a float16
+    or bfloat16 export must not round them; device moves still apply.
+    """
+
+    def _apply(self, fn, recurse=True):
+        before = {name: t.dtype for name, t in self._float_tensors().items()}
+        super()._apply(fn, recurse)
+        for name, t in self._float_tensors().items():
+            if t.dtype != before[name]:
+                t.data = t.data.to(before[name])
+        return self
+
+    def _float_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
+
+class DepthAggregation(KeepFloat32):
+    """One AttnRes aggregation: pseudo-query ``query`` and key-norm gain ``norm.weight`` (SPEC 1.2)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.query = nn.Parameter(torch.zeros(dim))
+        self.norm = RMSNorm(dim, eps)
+        self.register_buffer("score_weight", None, persistent=False)
+
+    def compute_score_weight(self) -> torch.Tensor:
+        """``gain * query`` folded in float32."""
+        return self.norm.weight.float() * self.query.float()
+
+    def fold(self) -> None:
+        """Freeze ``score_weight`` into a float32 buffer, so an export holds it as one named initializer."""
+        self.score_weight = self.compute_score_weight().detach().clone()
+
+    def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
+        sw = self.score_weight if self.score_weight is not None else self.compute_score_weight()
+        return attnres_aggregate(sw, sources, self.eps)
+
+
+class Rotary(KeepFloat32):
+    """Rotary position tables ``[max_seq_len, head_dim]`` for the "rotate half" convention, float32."""
+
+    def __init__(self, max_seq_len: int, head_dim: int) -> None:
+        super().__init__()
+        inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[:seq_len], self.sin[:seq_len]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``[x1*cos - x2*sin, x2*cos + x1*sin]`` on ``[B, H, T, hd]``, in float32."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    x1, x2 = xf[..., :half], xf[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, d, bias=False)
+        self.wv = nn.Linear(d, d, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+
+        def heads(proj: nn.Linear) -> torch.Tensor:
+            return proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+        q = apply_rotary(heads(self.wq), cos, sin)
+        k = apply_rotary(heads(self.wk), cos, sin)
+        v = heads(self.wv)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * (self.head_dim**-0.5)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        out = (probs @ v.float()).to(x.dtype)
+        return self.wo(out.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Layer(nn.Module):
+    """One transformer layer: two sublayers (attention, MLP), each with its own PreNorm and aggregation."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.eps)
+        self.mlp = SwiGLU(cfg)
+        if cfg.residual == "attnres":
+            self.attn_res = DepthAggregation(cfg.d_model, cfg.eps)
+            self.mlp_res = DepthAggregation(cfg.d_model, cfg.eps)
+
+
+class AttnResLM(nn.Module):
+    """Decoder-only LM of SPEC 2; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
+
+    input_axes: ClassVar[dict[str, dict[int, str]]] = {"input_ids": {0: "batch", 1: "seq"}}
+    output_names = ("logits",)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+        if cfg.residual == "attnres":
+            self.out_res = DepthAggregation(cfg.d_model, cfg.eps)
+        self.norm = RMSNorm(cfg.d_model, cfg.eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.max_seq_len, cfg.head_dim)
+
+    def sublayers(self):
+        """(aggregation, prenorm, function) per sublayer, in order attn_0, mlp_0, attn_1, ..."""
+        for layer in self.layers:
+            yield getattr(layer, "attn_res", None), layer.attn_norm, layer.attn
+            yield getattr(layer, "mlp_res", None), layer.mlp_norm, layer.mlp
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary(input_ids.shape[1])
+        h = self.embed(input_ids)
+        x = self._standard(h, cos, sin) if self.config.residual == "standard" else self._attnres(h, cos, sin)
+        return self.lm_head(self.norm(x)).float()
+
+    def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return fn(x, cos, sin) if isinstance(fn, Attention) else fn(x)
+
+    def _standard(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        for _, prenorm, fn in self.sublayers():
+            h = h + self._run(fn, prenorm(h), cos, sin)
+        return h
+
+    def _attnres(self, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Block AttnRes (SPEC 1.4); ``block_size = 0`` is Full AttnRes (every sublayer its own block)."""
+        size = self.config.block_size or 1
+        last = self.config.n_sublayers - 1
+        blocks: list[torch.Tensor] = [emb]
+        partial: torch.Tensor | None = None
+        for j, (aggregation, prenorm, fn) in enumerate(self.sublayers()):
+            sources = blocks if partial is None else [*blocks, partial]
+            u = self._run(fn, prenorm(aggregation(sources)), cos, sin)
+            partial = u if partial is None else partial + u
+            if (j + 1) % size == 0 or j == last:
+                blocks.append(partial)
+                partial = None
+        return self.out_res(blocks)
+
+    def fold_score_weights(self) -> None:
+        """Freeze every aggregation's ``gain * query`` (for export: one float32 initializer each)."""
+        for module in self.modules():
+            if isinstance(module, DepthAggregation):
+                module.fold()
+
+    def random_inputs(self, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Token ids ``[batch, seq]`` drawn uniformly from the vocabulary."""
+        return {"input_ids": rng.integers(0, self.config.vocab_size, size=(batch, seq), dtype=np.int64)}
+
+    def aggregation_count(self) -> int:
+        """Number of depth aggregations one forward pass performs (0 for standard residuals)."""
+        return 0 if self.config.residual == "standard" else self.config.n_sublayers + 1
+
+    def fused_node_count(self) -> int:
+        """attnres nodes an export holds: one AttnResAggregate per aggregation."""
+        return self.aggregation_count()

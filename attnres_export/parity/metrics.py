@@ -1,0 +1,72 @@
+"""Error metrics and pass bars of SPEC 6: always against the float32 PyTorch reference."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from attnres_export.errors import AttnresError
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass bar: relative L2 at most ``rel_l2`` and cosine similarity at least ``cosine``."""
+
+    rel_l2: float
+    cosine: float
+
+
+DEFAULT_TOLERANCES = {
+    "float32": Tolerance(1e-5, 0.999999),
+    "float16": Tolerance(5e-3, 0.9999),
+    "bfloat16": Tolerance(2e-2, 0.999),
+}
+
+
+def tolerance_for(dtype: str, overrides: dict[str, Tolerance] | None = None) -> Tolerance:
+    if overrides and dtype in overrides:
+        return overrides[dtype]
+    return DEFAULT_TOLERANCES[dtype]
+
+
+def parse_tolerance(text: str) -> tuple[str, Tolerance]:
+    """``NAME:rel_l2:cosine`` (NAME a dtype) as given to ``--tol``."""
+    parts = text.split(":")
+    try:
+        name, rel, cos = parts[0], float(parts[1]), float(parts[2])
+    except (IndexError, ValueError):
+        raise AttnresError(f"--tol {text!r}: expected NAME:rel_l2:cosine, e.g. float16:5e-3:0.9999") from None
+    if len(parts) != 3 or name not in DEFAULT_TOLERANCES:
+        raise AttnresError(f"--tol {text!r}: NAME must be one of {', '.join(DEFAULT_TOLERANCES)}")
+    return name, Tolerance(rel, cos)
+
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    max_abs: float
+    max_rel: float
+    rel_l2: float
+    cosine: float
+    ok: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> ErrorMetrics:
+    """Metrics of ``out`` against ``ref`` (both upcast to float64); NaN or Inf anywhere fails."""
+    if out.shape != ref.shape:
+        return ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False)
+    o = np.asarray(out, dtype=np.float64).ravel()
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    diff = np.abs(o - r)
+    finite = bool(np.isfinite(o).all())
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(np.abs(r), 1e-6)).max()) if diff.size else 0.0
+    ref_norm = float(np.linalg.norm(r))
+    rel_l2 = float(np.linalg.norm(o - r) / ref_norm) if ref_norm > 0 else float(np.linalg.norm(o - r))
+    denom = float(np.linalg.norm(o)) * ref_norm
+    cosine = float(np.dot(o, r) / denom) if denom > 0 else float(np.array_equal(o, r))
+    ok = finite and rel_l2 <= tol.rel_l2 and cosine >= tol.cosine
+    return ErrorMetrics(max_abs, max_rel, rel_l2, cosine, ok)

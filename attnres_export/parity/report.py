@@ -1,0 +1,104 @@
+"""Running every backend on the same inputs and turning the runs into one verdict, table and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from attnres_export.io import write_text_atomic
+from attnres_export.parity.metrics import ErrorMetrics, Tolerance, compare
+from attnres_export.parity.runners import Runner
+
+MISSING = ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False)
+"""Metrics of an output the backend did not produce."""
+
+FeedMaker = Callable[[tuple[int, ...]], dict[str, np.ndarray]]
+
+
+@dataclass
+class Check:
+    """One backend on one shape: metrics per output against the reference."""
+
+    shape: list[int]
+    backend: str
+    artifact: str
+    dtype: str
+    outputs: dict[str, ErrorMetrics]
+
+    @property
+    def ok(self) -> bool:
+        return all(m.ok for m in self.outputs.values())
+
+    def to_dict(self) -> dict:
+        return {"shape": self.shape, "backend": self.backend, "artifact": self.artifact, "dtype": self.dtype,
+                "ok": self.ok, "outputs": {k: v.to_dict() for k, v in self.outputs.items()}}
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, **self.extra, "checks": [c.to_dict() for c in self.checks]}
+
+    def write_json(self, path: Path) -> None:
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def table(self, title: str = "Parity against the float32 PyTorch reference") -> Table:
+        table = Table(title=title)
+        for column in ("backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2", "cosine", "pass"):
+            table.add_column(column, justify="right" if column.startswith(("max", "rel", "cos")) else "left")
+        for check in self.checks:
+            for name, m in check.outputs.items():
+                table.add_row(
+                    check.backend, check.artifact, "x".join(map(str, check.shape)), name,
+                    f"{m.max_abs:.3g}", f"{m.max_rel:.3g}", f"{m.rel_l2:.3g}", f"{m.cosine:.9f}",
+                    "[green]yes[/green]" if m.ok else "[red]NO[/red]",
+                )
+        return table
+
+    def print(self, console: Console | None = None) -> None:
+        (console or Console()).print(self.table())
+
+
+def run_reference(reference: Runner, shapes: Sequence[tuple[int, ...]], make_feeds: FeedMaker
+                  ) -> dict[tuple[int, ...], dict[str, np.ndarray]]:
+    """The reference outputs per shape (kept by callers that also save them, e.g. for Polygraphy)."""
+    with reference:
+        return {shape: reference.infer(make_feeds(shape)) for shape in shapes}
+
+
+def run_checks(
+    reference: Runner,
+    runners: Sequence[tuple[Runner, str, Tolerance]],
+    shapes: Sequence[tuple[int, ...]],
+    make_feeds: FeedMaker,
+    progress: Callable[[str], None] | None = None,
+    expected: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
+) -> Report:
+    """Run ``reference`` (unless its ``expected`` outputs are given) and every (runner, dtype, tolerance) on the
+    same feeds for each shape."""
+    report = Report()
+    if expected is None:
+        expected = run_reference(reference, shapes, make_feeds)
+    for runner, dtype, tol in runners:
+        with runner:
+            for shape in shapes:
+                if progress:
+                    progress(f"{runner.backend} at {'x'.join(map(str, shape))}")
+                got = runner.infer(make_feeds(shape))
+                metrics = {name: compare(got[name], ref, tol) if name in got else MISSING
+                           for name, ref in expected[shape].items()}
+                report.checks.append(Check(list(shape), runner.backend, runner.artifact, dtype, metrics))
+    return report

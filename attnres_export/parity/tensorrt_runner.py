@@ -1,0 +1,141 @@
+"""A TensorRT engine behind the runner interface: plugin loaded, shapes set, torch CUDA buffers, execute_async_v3.
+
+torch is already a dependency and owns a CUDA context and streams, so its tensors serve as device buffers
+(no pycuda or cuda-python needed). TensorRT and CUDA are touched only in ``activate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnres_export.engine import plugin_library
+from attnres_export.engine.manifest import EngineManifest, read_manifest
+from attnres_export.engine.tensorrt_api import logger, require_tensorrt
+from attnres_export.errors import EngineError
+from attnres_export.parity.runners import Runner
+
+TORCH_TYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
+               "INT8": "int8", "UINT8": "uint8", "BOOL": "bool"}
+"""TensorRT DataType member -> torch dtype name."""
+
+
+def _cuda_torch():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineError("running a TensorRT engine needs a CUDA GPU, and torch sees none here "
+                          "(torch.cuda.is_available() is False); install a CUDA build of torch on the GPU machine")
+    return torch
+
+
+class TensorRTRunner(Runner):
+    """One deserialized engine; ``bind`` + ``enqueue`` are exposed so the benchmark can time the launch alone."""
+
+    backend = "tensorrt"
+
+    def __init__(self, engine: Path, plugin: Path | None = None, manifest: EngineManifest | None = None) -> None:
+        self.path = Path(engine)
+        self.artifact = self.path.name
+        self.plugin = plugin
+        self.manifest = manifest if manifest is not None else read_manifest(self.path)
+        self.engine = self.context = self.stream = self.runtime = None
+        self.buffers: dict = {}
+
+    def activate(self) -> None:
+        if not self.path.is_file():
+            raise EngineError(f"{self.path}: no such engine file; build one with `attnres build MODEL.onnx`")
+        library = self.plugin_to_load()
+        trt = require_tensorrt()
+        torch = _cuda_torch()
+        if library is not None:
+            plugin_library.load(trt, library)
+        self.runtime = trt.Runtime(logger(trt))
+        if self.manifest is not None and self.manifest.plugin_embedded:
+            self.runtime.engine_host_code_allowed = True
+        self.engine = self.runtime.deserialize_cuda_engine(self.path.read_bytes())
+        if self.engine is None:
+            raise EngineError(self._load_failure(trt))
+        self.context = self.engine.create_execution_context()
+        self.stream = torch.cuda.Stream()
+
+    def plugin_to_load(self) -> Path | None:
+        """The library to load before deserializing: --plugin, else the manifest's unless the plugin is embedded."""
+        if self.plugin is not None:
+            return Path(self.plugin)
+        manifest = self.manifest
+        if manifest is None or manifest.plugin_embedded or not manifest.plugin_library:
+            return None
+        library = Path(manifest.plugin_library)
+        if not library.is_file():
+            raise EngineError(f"{self.artifact} needs the plugin library {library} (named in its manifest), which "
+                              "is missing and not embedded; rebuild it (`attnres plugin build`) or pass --plugin PATH")
+        return library
+
+    def _load_failure(self, trt) -> str:
+        built = self.manifest.tensorrt_version if self.manifest else "an unknown version"
+        library = self.manifest.plugin_library if self.manifest else None
+        return (f"TensorRT {trt.__version__} could not deserialize {self.artifact} (built with TensorRT {built}"
+                + (f", plugin {library}" if library else "")
+                + "); rebuild it on this machine with `attnres build`, or load the plugin with --plugin")
+
+    def io_names(self, input_mode: bool) -> list[str]:
+        trt = require_tensorrt()
+        wanted = trt.TensorIOMode.INPUT if input_mode else trt.TensorIOMode.OUTPUT
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        return [n for n in names if self.engine.get_tensor_mode(n) == wanted]
+
+    def _torch_dtype(self, name: str):
+        torch = _cuda_torch()
+        kind = self.engine.get_tensor_dtype(name).name
+        if kind not in TORCH_TYPES:
+            raise EngineError(f"engine tensor {name!r} has type {kind}, which this runner cannot allocate")
+        return getattr(torch, TORCH_TYPES[kind])
+
+    def input_dtype(self, name: str) -> str:
+        """NumPy dtype name to feed ``name`` with (bfloat16 inputs are fed as float32 and cast on the device)."""
+        kind = TORCH_TYPES.get(self.engine.get_tensor_dtype(name).name, "float32")
+        return "float32" if kind == "bfloat16" else kind
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> None:
+        """Set input shapes, copy the inputs to the device and allocate the outputs."""
+        if self.context is None:
+            raise EngineError("runner used before activate()")
+        torch = _cuda_torch()
+        self.buffers = {}
+        for name in self.io_names(True):
+            if name not in feeds:
+                raise EngineError(f"engine input {name!r} was not fed (fed: {', '.join(feeds)})")
+            array = feeds[name]
+            if not self.context.set_input_shape(name, tuple(array.shape)):
+                profile = self.manifest.profiles if self.manifest else "see the build log"
+                raise EngineError(f"input {name!r} shape {list(array.shape)} is outside the engine's profile "
+                                  f"({profile}); rebuild with wider --batch/--seq")
+            tensor = torch.from_numpy(np.ascontiguousarray(array)).to("cuda", self._torch_dtype(name))
+            self.buffers[name] = tensor
+        for name in self.io_names(False):
+            shape = tuple(self.context.get_tensor_shape(name))
+            self.buffers[name] = torch.empty(shape, dtype=self._torch_dtype(name), device="cuda")
+        for name, tensor in self.buffers.items():
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        torch.cuda.current_stream().synchronize()
+
+    def enqueue(self) -> None:
+        """Launch one inference on ``self.stream`` (asynchronous)."""
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
+            raise EngineError(f"TensorRT failed to enqueue {self.artifact}; rerun with --debug and check the log")
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.bind(feeds)
+        self.enqueue()
+        self.stream.synchronize()
+        outputs = {}
+        for name in self.io_names(False):
+            tensor = self.buffers[name]
+            outputs[name] = (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
+        return outputs
+
+    def deactivate(self) -> None:
+        self.buffers = {}
+        self.context = self.engine = self.runtime = None
