@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  */
-#include "attnresPluginCreators.h"
+#include "api/attnresPluginCreators.h"
 
 #include "attnResAggregatePlugin/attnResAggregatePlugin.h"
 #include "residualScoreAttentionPlugin/residualScoreAttentionPlugin.h"
@@ -10,12 +10,26 @@ namespace attnres
 {
 namespace plugin
 {
+namespace
+{
+
+//! The creator of type T: one instance, built on first use and alive until the library unloads.
+template <typename T>
+nvinfer1::IPluginCreatorInterface* creatorInstance()
+{
+    static T creator{};
+    return &creator;
+}
+
+} // namespace
 
 nvinfer1::IPluginCreatorInterface* const* pluginCreators(int32_t& nbCreators) noexcept
 {
-    static AttnResAggregatePluginCreator aggregateCreator;
-    static ResidualScoreAttentionPluginCreator residualAttentionCreator;
-    static nvinfer1::IPluginCreatorInterface* const creators[] = {&aggregateCreator, &residualAttentionCreator};
+    // The one list of creators: one entry per plugin folder.
+    static nvinfer1::IPluginCreatorInterface* const creators[] = {
+        creatorInstance<AttnResAggregatePluginCreator>(),
+        creatorInstance<ResidualScoreAttentionPluginCreator>(),
+    };
     nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

@@ -1,16 +1,15 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  */
-#include "attnResAggregatePlugin.h"
+#include "attnResAggregatePlugin/attnResAggregatePlugin.h"
 
-#include "attnResAggregateKernel.h"
+#include "attnResAggregatePlugin/attnResAggregateKernel.h"
 #include "common/attnresPluginCommon.h"
 
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <new>
 #include <string>
 
 using nvinfer1::DataType;
@@ -25,7 +24,6 @@ using nvinfer1::PluginFieldCollection;
 using nvinfer1::PluginFieldType;
 using nvinfer1::PluginTensorDesc;
 using nvinfer1::TensorFormat;
-using nvinfer1::ILogger;
 
 namespace attnres
 {
@@ -36,43 +34,6 @@ namespace
 
 constexpr char const* kEPS_FIELD{"eps"};
 constexpr int32_t kMAX_SOURCES{ATTNRES_MAX_SOURCES};
-
-void logError(std::string const& message) noexcept
-{
-    logPluginMessage(ILogger::Severity::kERROR, message.c_str());
-}
-
-bool isSourceType(DataType type)
-{
-    return type == DataType::kFLOAT || type == DataType::kHALF || type == DataType::kBF16;
-}
-
-std::string dimsToString(Dims const& dims)
-{
-    std::string text{"["};
-    for (int32_t i = 0; i < dims.nbDims; ++i)
-    {
-        text += (i > 0 ? ", " : "") + std::to_string(dims.d[i]);
-    }
-    return text + "]";
-}
-
-//! Dimensions that are known on both sides must agree; -1 (dynamic at build time) matches anything.
-bool compatible(Dims const& a, Dims const& b)
-{
-    if (a.nbDims != b.nbDims)
-    {
-        return false;
-    }
-    for (int32_t i = 0; i < a.nbDims; ++i)
-    {
-        if (a.d[i] >= 0 && b.d[i] >= 0 && a.d[i] != b.d[i])
-        {
-            return false;
-        }
-    }
-    return true;
-}
 
 bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
 {
@@ -146,7 +107,15 @@ IPluginCapability* AttnResAggregatePlugin::getCapabilityInterface(PluginCapabili
 
 IPluginV3* AttnResAggregatePlugin::clone() noexcept
 {
-    return new (std::nothrow) AttnResAggregatePlugin(*this);
+    try
+    {
+        return new AttnResAggregatePlugin(*this);
+    }
+    catch (std::exception const& e)
+    {
+        caughtError(e, kAGGREGATE_NAME, "clone");
+    }
+    return nullptr;
 }
 
 char const* AttnResAggregatePlugin::getPluginName() const noexcept
@@ -184,9 +153,9 @@ int32_t AttnResAggregatePlugin::configurePlugin(
     }
     catch (std::exception const& e)
     {
-        logError(std::string{kAGGREGATE_NAME} + ": configurePlugin failed: " + e.what());
-        return -1;
+        caughtError(e, kAGGREGATE_NAME, "configurePlugin");
     }
+    return -1;
 }
 
 int32_t AttnResAggregatePlugin::getOutputDataTypes(
@@ -230,7 +199,7 @@ bool AttnResAggregatePlugin::supportsFormatCombination(
     }
     if (pos == 1)
     {
-        return isSourceType(desc.type);
+        return isKernelDataType(desc.type);
     }
     return desc.type == inOut[1].desc.type;
 }
@@ -265,34 +234,42 @@ int32_t AttnResAggregatePlugin::onShapeChange(
     }
     catch (std::exception const& e)
     {
-        logError(std::string{kAGGREGATE_NAME} + ": onShapeChange failed: " + e.what());
-        return -1;
+        caughtError(e, kAGGREGATE_NAME, "onShapeChange");
     }
+    return -1;
 }
 
 int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
     void const* const* inputs, void* const* outputs, void* /* workspace */, cudaStream_t stream) noexcept
 {
-    Dims const& dims = inputDesc[1].dims;
-    int64_t const d = dims.d[dims.nbDims - 1];
-    if (d > std::numeric_limits<int32_t>::max())
+    try
     {
-        logError(std::string{kAGGREGATE_NAME} + ": last dimension " + std::to_string(d) + " exceeds int32");
-        return -1;
+        Dims const& dims = inputDesc[1].dims;
+        int64_t const d = dims.d[dims.nbDims - 1];
+        if (d > std::numeric_limits<int32_t>::max())
+        {
+            logError(std::string{kAGGREGATE_NAME} + ": last dimension " + std::to_string(d) + " exceeds int32");
+            return -1;
+        }
+        int64_t rows = 1;
+        for (int32_t i = 0; i + 1 < dims.nbDims; ++i)
+        {
+            rows *= dims.d[i];
+        }
+        cudaError_t const status = attnresAggregateLaunch(static_cast<float const*>(inputs[0]), inputs + 1,
+            mNbSources, rows, static_cast<int32_t>(d), mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
+        if (status != cudaSuccess)
+        {
+            logError(std::string{kAGGREGATE_NAME} + ": kernel launch failed: " + cudaGetErrorString(status));
+            return -1;
+        }
+        return 0;
     }
-    int64_t rows = 1;
-    for (int32_t i = 0; i + 1 < dims.nbDims; ++i)
+    catch (std::exception const& e)
     {
-        rows *= dims.d[i];
+        caughtError(e, kAGGREGATE_NAME, "enqueue");
     }
-    cudaError_t const status = attnresAggregateLaunch(static_cast<float const*>(inputs[0]), inputs + 1,
-        mNbSources, rows, static_cast<int32_t>(d), mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
-    if (status != cudaSuccess)
-    {
-        logError(std::string{kAGGREGATE_NAME} + ": kernel launch failed: " + cudaGetErrorString(status));
-        return -1;
-    }
-    return 0;
+    return -1;
 }
 
 nvinfer1::IPluginV3* AttnResAggregatePlugin::attachToContext(nvinfer1::IPluginResourceContext* /* context */) noexcept
@@ -302,11 +279,19 @@ nvinfer1::IPluginV3* AttnResAggregatePlugin::attachToContext(nvinfer1::IPluginRe
 
 PluginFieldCollection const* AttnResAggregatePlugin::getFieldsToSerialize() noexcept
 {
-    mFieldsToSerialize.clear();
-    mFieldsToSerialize.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
-    mFieldCollection.fields = mFieldsToSerialize.data();
-    return &mFieldCollection;
+    try
+    {
+        mFieldsToSerialize.clear();
+        mFieldsToSerialize.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
+        mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
+        mFieldCollection.fields = mFieldsToSerialize.data();
+        return &mFieldCollection;
+    }
+    catch (std::exception const& e)
+    {
+        caughtError(e, kAGGREGATE_NAME, "getFieldsToSerialize");
+    }
+    return nullptr;
 }
 
 AttnResAggregatePluginCreator::AttnResAggregatePluginCreator()
@@ -339,47 +324,35 @@ PluginFieldCollection const* AttnResAggregatePluginCreator::getFieldNames() noex
 IPluginV3* AttnResAggregatePluginCreator::createPlugin(
     char const* /* name */, PluginFieldCollection const* fc, nvinfer1::TensorRTPhase /* phase */) noexcept
 {
-    std::string const node{std::string{kAGGREGATE_NAME} + ": "};
-    bool found = false;
-    float eps = 0.F;
-    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    try
     {
-        PluginField const& field = fc->fields[i];
-        if (field.name == nullptr || std::strcmp(field.name, kEPS_FIELD) != 0)
+        std::string const node{std::string{kAGGREGATE_NAME} + ": "};
+        ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
+            node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
+        bool found = false;
+        float eps = 0.F;
+        for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
         {
-            continue;
+            PluginField const& field = fc->fields[i];
+            if (field.name == nullptr || std::strcmp(field.name, kEPS_FIELD) != 0)
+            {
+                continue;
+            }
+            ATTNRES_PLUGIN_VALIDATE(field.length == 1 && field.data != nullptr, node + "field eps must hold one value");
+            ATTNRES_PLUGIN_VALIDATE(readFloat(field, eps), node + "field eps must be float32");
+            found = true;
         }
-        if (field.length != 1 || field.data == nullptr)
-        {
-            logError(node + "field eps must hold one value");
-            return nullptr;
-        }
-        if (field.type == PluginFieldType::kFLOAT32)
-        {
-            eps = *static_cast<float const*>(field.data);
-        }
-        else if (field.type == PluginFieldType::kFLOAT64)
-        {
-            eps = static_cast<float>(*static_cast<double const*>(field.data));
-        }
-        else
-        {
-            logError(node + "field eps must be float32");
-            return nullptr;
-        }
-        found = true;
+        ATTNRES_PLUGIN_VALIDATE(found, node + "required field eps is missing");
+        ATTNRES_PLUGIN_VALIDATE(
+            std::isfinite(eps) && eps >= 0.F, node + "eps must be finite and >= 0, got " + std::to_string(eps));
+        // The sources are inputs, not a field: configurePlugin / onShapeChange check their count (1..256).
+        return new AttnResAggregatePlugin(eps);
     }
-    if (!found)
+    catch (std::exception const& e)
     {
-        logError(node + "required field eps is missing");
-        return nullptr;
+        caughtError(e, kAGGREGATE_NAME, "createPlugin");
     }
-    if (!std::isfinite(eps) || eps < 0.F)
-    {
-        logError(node + "eps must be finite and >= 0, got " + std::to_string(eps));
-        return nullptr;
-    }
-    return new (std::nothrow) AttnResAggregatePlugin(eps);
+    return nullptr;
 }
 
 } // namespace plugin

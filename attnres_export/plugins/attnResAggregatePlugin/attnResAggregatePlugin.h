@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * TensorRT IPluginV3 for AttnResAggregate (SPEC 1.2, 4): inputs score_weight [D] float32 and 1..256
+ * TensorRT IPluginV3 for AttnResAggregate (docs/op-set.md#attnresaggregate): inputs score_weight [D] float32 and 1..256
  * sources [..., D] of one type T (float32, float16, bfloat16); output [..., D] of type T; field eps.
  */
 #ifndef ATTNRES_AGGREGATE_PLUGIN_H
@@ -17,7 +17,7 @@ namespace attnres
 namespace plugin
 {
 
-//! Plugin name (= ONNX op type) and version (attnres_export.ops.identity.AGGREGATE, PLUGIN_VERSION).
+//! Plugin name (= ONNX op type) and version (attnres_export.ops.opset.AGGREGATE, PLUGIN_VERSION).
 constexpr char const* kAGGREGATE_NAME{"AttnResAggregate"};
 constexpr char const* kAGGREGATE_VERSION{"1"};
 

@@ -1,8 +1,10 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * Helpers shared by every attnres TensorRT plugin: logging through TensorRT's logger and the
- * mapping of TensorRT data types to the kernels' C ABI.
+ * Helpers shared by every attnres TensorRT plugin, in the manner of NVIDIA/TensorRT's plugin/common:
+ * logging through TensorRT's logger, the PluginError / ATTNRES_PLUGIN_VALIDATE / caughtError pattern of
+ * checkMacrosPlugin.h for the noexcept entry points, plugin-field parsing, shape helpers and the mapping
+ * of TensorRT data types to the kernels' C ABI (common/attnresKernelApi.h).
  */
 #ifndef ATTNRES_PLUGIN_COMMON_H
 #define ATTNRES_PLUGIN_COMMON_H
@@ -10,16 +12,30 @@
 #include "NvInferRuntime.h"
 
 #include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
 
 //! Exported entry points. TENSORRTAPI is empty outside TensorRT's own build, and objects are hidden by default.
 #define ATTNRES_PLUGIN_API __attribute__((visibility("default")))
+
+//! Throws attnres::plugin::PluginError(message) unless condition holds; message is evaluated only then.
+//! Use inside a try block whose catch calls caughtError (NVIDIA's PLUGIN_VALIDATE).
+#define ATTNRES_PLUGIN_VALIDATE(condition, message)                                                                    \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        if (!(condition))                                                                                              \
+        {                                                                                                              \
+            ::attnres::plugin::throwPluginError(message);                                                              \
+        }                                                                                                              \
+    } while (0)
 
 namespace attnres
 {
 namespace plugin
 {
 
-//! Namespace of every attnres plugin (attnres_export.ops.identity.PLUGIN_NAMESPACE).
+//! Namespace of every attnres plugin (attnres_export.ops.opset.PLUGIN_NAMESPACE).
 constexpr char const* kPLUGIN_NAMESPACE{"attnres"};
 
 //! Logger finder handed over by IPluginRegistry::loadLibrary (dynamic library only).
@@ -28,8 +44,43 @@ void setPluginLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
 //! Logs through the finder's logger, else TensorRT's global logger, so errors reach the user's ILogger.
 void logPluginMessage(nvinfer1::ILogger::Severity severity, char const* message) noexcept;
 
+//! logPluginMessage at kERROR.
+void logError(std::string const& message) noexcept;
+
+//! A failed check of a plugin's inputs or fields; what() is the complete message for the user.
+class PluginError : public std::runtime_error
+{
+public:
+    using std::runtime_error::runtime_error;
+};
+
+//! Throws PluginError(message) (ATTNRES_PLUGIN_VALIDATE).
+[[noreturn]] void throwPluginError(std::string const& message);
+
+//! Logs an exception caught at a noexcept entry point: a PluginError as it is, anything else (bad_alloc,
+//! ...) as "<pluginName>: <entryPoint> failed: <what>" (NVIDIA's caughtError).
+void caughtError(std::exception const& error, char const* pluginName, char const* entryPoint) noexcept;
+
+//! One float32 value of a plugin field (float64 is narrowed); false for any other type or length.
+bool readFloat(nvinfer1::PluginField const& field, float& value) noexcept;
+
+//! One int8, int16, int32 or int64 value of a plugin field that fits int32; false otherwise.
+bool readInt(nvinfer1::PluginField const& field, int32_t& value) noexcept;
+
 //! Kernel dtype code (AttnresDtype) of a TensorRT type, or -1 when the kernels do not take it.
 int32_t kernelDtype(nvinfer1::DataType type) noexcept;
+
+//! Whether the kernels store tensors of this type (float32, float16, bfloat16).
+bool isKernelDataType(nvinfer1::DataType type) noexcept;
+
+//! "[d0, d1, ...]".
+std::string dimsToString(nvinfer1::Dims const& dims);
+
+//! Two extents agree when either is unknown (-1 at build time) or both are equal.
+bool compatible(int64_t a, int64_t b) noexcept;
+
+//! Same rank, and every extent compatible.
+bool compatible(nvinfer1::Dims const& a, nvinfer1::Dims const& b) noexcept;
 
 } // namespace plugin
 } // namespace attnres

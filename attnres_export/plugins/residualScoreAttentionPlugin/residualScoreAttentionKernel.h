@@ -1,14 +1,14 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * ResidualScoreAttention (RealFormer, SPEC 3 and 4) as a CUDA kernel with a plain C ABI, so that ctypes,
+ * ResidualScoreAttention (RealFormer, docs/op-set.md#residualscoreattention) as a CUDA kernel with a plain C ABI, so that ctypes,
  * the TensorRT plugin and any other runtime call the same launcher.
  */
 #ifndef ATTNRES_RESIDUAL_SCORE_ATTENTION_KERNEL_H
 #define ATTNRES_RESIDUAL_SCORE_ATTENTION_KERNEL_H
 
-/* AttnresDtype codes and ATTNRES_KERNEL_API are shared by every attnres kernel. */
-#include "attnResAggregatePlugin/attnResAggregateKernel.h"
+/* ATTNRES_KERNEL_API and the AttnresDtype codes are shared by every attnres kernel. */
+#include "common/attnresKernelApi.h"
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>

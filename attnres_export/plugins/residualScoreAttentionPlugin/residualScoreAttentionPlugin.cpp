@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  */
-#include "residualScoreAttentionPlugin.h"
+#include "residualScoreAttentionPlugin/residualScoreAttentionPlugin.h"
 
 #include "common/attnresPluginCommon.h"
 #include "residualScoreAttentionPlugin/residualScoreAttentionKernel.h"
@@ -10,14 +10,12 @@
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <new>
 #include <string>
 
 using nvinfer1::DataType;
 using nvinfer1::Dims;
 using nvinfer1::DimsExprs;
 using nvinfer1::DynamicPluginTensorDesc;
-using nvinfer1::ILogger;
 using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
 using nvinfer1::PluginCapabilityType;
@@ -45,32 +43,6 @@ std::string const& nodePrefix()
 {
     static std::string const prefix{std::string{kRESIDUAL_ATTENTION_NAME} + ": "};
     return prefix;
-}
-
-void logError(std::string const& message) noexcept
-{
-    logPluginMessage(ILogger::Severity::kERROR, message.c_str());
-}
-
-bool isDataType(DataType type)
-{
-    return type == DataType::kFLOAT || type == DataType::kHALF || type == DataType::kBF16;
-}
-
-std::string dimsToString(Dims const& dims)
-{
-    std::string text{"["};
-    for (int32_t i = 0; i < dims.nbDims; ++i)
-    {
-        text += (i > 0 ? ", " : "") + std::to_string(dims.d[i]);
-    }
-    return text + "]";
-}
-
-//! Two extents agree when either is unknown (-1 at build time) or both are equal.
-bool same(int64_t a, int64_t b)
-{
-    return a < 0 || b < 0 || a == b;
 }
 
 bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
@@ -105,7 +77,7 @@ bool isFullScoreShape(Dims const& dims, Dims const& target)
     }
     for (int32_t i = 0; i < 4; ++i)
     {
-        if (!same(dims.d[i], target.d[i]))
+        if (!compatible(dims.d[i], target.d[i]))
         {
             return false;
         }
@@ -174,8 +146,8 @@ bool checkShapes(Dims const* dims, int32_t nbInputs, ResidualAttentionRoles cons
             + ", " + dimsToString(v));
         return false;
     }
-    bool const fits = same(q.d[0], k.d[0]) && same(q.d[0], v.d[0]) && same(q.d[1], k.d[1])
-        && same(q.d[1], v.d[1]) && same(k.d[2], v.d[2]) && same(q.d[3], k.d[3]);
+    bool const fits = compatible(q.d[0], k.d[0]) && compatible(q.d[0], v.d[0]) && compatible(q.d[1], k.d[1])
+        && compatible(q.d[1], v.d[1]) && compatible(k.d[2], v.d[2]) && compatible(q.d[3], k.d[3]);
     if (!fits)
     {
         logError(node + "shapes do not fit q [B,H,Tq,dh], k [B,H,Tk,dh], v [B,H,Tk,dv]: q " + dimsToString(q)
@@ -203,7 +175,7 @@ bool checkShapes(Dims const* dims, int32_t nbInputs, ResidualAttentionRoles cons
         {
             int64_t const extent = mask.d[i];
             int64_t const wanted = target.d[4 - mask.nbDims + i];
-            ok = extent == 1 || same(extent, wanted);
+            ok = extent == 1 || compatible(extent, wanted);
         }
         if (!ok)
         {
@@ -242,45 +214,15 @@ void maskStrides(Dims const& mask, int64_t strides[4])
     }
 }
 
-bool readFloat(PluginField const& field, float& value)
+//! has_prev_scores / has_mask: one integer of -1 (infer), 0 or 1.
+bool readPresence(PluginField const& field, int32_t& value) noexcept
 {
-    if (field.length != 1 || field.data == nullptr)
+    int32_t raw = 0;
+    if (!readInt(field, raw) || raw < -1 || raw > 1)
     {
         return false;
     }
-    if (field.type == PluginFieldType::kFLOAT32)
-    {
-        value = *static_cast<float const*>(field.data);
-        return true;
-    }
-    if (field.type == PluginFieldType::kFLOAT64)
-    {
-        value = static_cast<float>(*static_cast<double const*>(field.data));
-        return true;
-    }
-    return false;
-}
-
-bool readInt(PluginField const& field, int32_t& value)
-{
-    if (field.length != 1 || field.data == nullptr)
-    {
-        return false;
-    }
-    int64_t raw = 0;
-    switch (field.type)
-    {
-    case PluginFieldType::kINT32: raw = *static_cast<int32_t const*>(field.data); break;
-    case PluginFieldType::kINT64: raw = *static_cast<int64_t const*>(field.data); break;
-    case PluginFieldType::kINT8: raw = *static_cast<int8_t const*>(field.data); break;
-    case PluginFieldType::kINT16: raw = *static_cast<int16_t const*>(field.data); break;
-    default: return false;
-    }
-    if (raw < -1 || raw > 1)
-    {
-        return false;
-    }
-    value = static_cast<int32_t>(raw);
+    value = raw;
     return true;
 }
 
@@ -322,7 +264,15 @@ IPluginCapability* ResidualScoreAttentionPlugin::getCapabilityInterface(PluginCa
 
 IPluginV3* ResidualScoreAttentionPlugin::clone() noexcept
 {
-    return new (std::nothrow) ResidualScoreAttentionPlugin(*this);
+    try
+    {
+        return new ResidualScoreAttentionPlugin(*this);
+    }
+    catch (std::exception const& e)
+    {
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "clone");
+    }
+    return nullptr;
 }
 
 char const* ResidualScoreAttentionPlugin::getPluginName() const noexcept
@@ -366,9 +316,9 @@ int32_t ResidualScoreAttentionPlugin::configurePlugin(
     }
     catch (std::exception const& e)
     {
-        logError(nodePrefix() + "configurePlugin failed: " + e.what());
-        return -1;
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "configurePlugin");
     }
+    return -1;
 }
 
 int32_t ResidualScoreAttentionPlugin::getOutputDataTypes(
@@ -412,7 +362,7 @@ bool ResidualScoreAttentionPlugin::supportsFormatCombination(
     }
     if (pos == 0)
     {
-        return isDataType(desc.type);
+        return isKernelDataType(desc.type);
     }
     if (pos == 1 || pos == 2 || pos == nbInputs)
     {
@@ -457,9 +407,9 @@ int32_t ResidualScoreAttentionPlugin::onShapeChange(
     }
     catch (std::exception const& e)
     {
-        logError(nodePrefix() + "onShapeChange failed: " + e.what());
-        return -1;
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "onShapeChange");
     }
+    return -1;
 }
 
 int32_t ResidualScoreAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
@@ -509,9 +459,9 @@ int32_t ResidualScoreAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
     }
     catch (std::exception const& e)
     {
-        logError(nodePrefix() + "enqueue failed: " + e.what());
-        return -1;
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "enqueue");
     }
+    return -1;
 }
 
 nvinfer1::IPluginV3* ResidualScoreAttentionPlugin::attachToContext(
@@ -522,14 +472,22 @@ nvinfer1::IPluginV3* ResidualScoreAttentionPlugin::attachToContext(
 
 PluginFieldCollection const* ResidualScoreAttentionPlugin::getFieldsToSerialize() noexcept
 {
-    mFieldsToSerialize.clear();
-    mFieldsToSerialize.emplace_back(kSCALE_FIELD, &mScale, PluginFieldType::kFLOAT32, 1);
-    mFieldsToSerialize.emplace_back(kDIVISOR_FIELD, &mLogitDivisor, PluginFieldType::kFLOAT32, 1);
-    mFieldsToSerialize.emplace_back(kHAS_PREV_FIELD, &mHasPrevScores, PluginFieldType::kINT32, 1);
-    mFieldsToSerialize.emplace_back(kHAS_MASK_FIELD, &mHasMask, PluginFieldType::kINT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
-    mFieldCollection.fields = mFieldsToSerialize.data();
-    return &mFieldCollection;
+    try
+    {
+        mFieldsToSerialize.clear();
+        mFieldsToSerialize.emplace_back(kSCALE_FIELD, &mScale, PluginFieldType::kFLOAT32, 1);
+        mFieldsToSerialize.emplace_back(kDIVISOR_FIELD, &mLogitDivisor, PluginFieldType::kFLOAT32, 1);
+        mFieldsToSerialize.emplace_back(kHAS_PREV_FIELD, &mHasPrevScores, PluginFieldType::kINT32, 1);
+        mFieldsToSerialize.emplace_back(kHAS_MASK_FIELD, &mHasMask, PluginFieldType::kINT32, 1);
+        mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
+        mFieldCollection.fields = mFieldsToSerialize.data();
+        return &mFieldCollection;
+    }
+    catch (std::exception const& e)
+    {
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "getFieldsToSerialize");
+    }
+    return nullptr;
 }
 
 ResidualScoreAttentionPluginCreator::ResidualScoreAttentionPluginCreator()
@@ -568,6 +526,8 @@ IPluginV3* ResidualScoreAttentionPluginCreator::createPlugin(
     try
     {
         std::string const& node = nodePrefix();
+        ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
+            node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
         bool hasScale = false;
         bool hasDivisor = false;
         float scale = 0.F;
@@ -583,54 +543,33 @@ IPluginV3* ResidualScoreAttentionPluginCreator::createPlugin(
             }
             if (std::strcmp(field.name, kSCALE_FIELD) == 0)
             {
-                if (!readFloat(field, scale))
-                {
-                    logError(node + "field scale must be one float32");
-                    return nullptr;
-                }
+                ATTNRES_PLUGIN_VALIDATE(readFloat(field, scale), node + "field scale must be one float32");
                 hasScale = true;
             }
             else if (std::strcmp(field.name, kDIVISOR_FIELD) == 0)
             {
-                if (!readFloat(field, divisor))
-                {
-                    logError(node + "field logit_divisor must be one float32");
-                    return nullptr;
-                }
+                ATTNRES_PLUGIN_VALIDATE(readFloat(field, divisor), node + "field logit_divisor must be one float32");
                 hasDivisor = true;
             }
             else if (std::strcmp(field.name, kHAS_PREV_FIELD) == 0 || std::strcmp(field.name, kHAS_MASK_FIELD) == 0)
             {
                 bool const isPrev = std::strcmp(field.name, kHAS_PREV_FIELD) == 0;
-                if (!readInt(field, isPrev ? hasPrev : hasMask))
-                {
-                    logError(node + "field " + field.name + " must be one int32 of -1 (infer), 0 or 1");
-                    return nullptr;
-                }
+                ATTNRES_PLUGIN_VALIDATE(readPresence(field, isPrev ? hasPrev : hasMask),
+                    node + "field " + field.name + " must be one int32 of -1 (infer), 0 or 1");
             }
         }
-        if (!hasScale || !hasDivisor)
-        {
-            logError(node + "required field " + (hasScale ? "logit_divisor" : "scale") + " is missing");
-            return nullptr;
-        }
-        if (!std::isfinite(scale))
-        {
-            logError(node + "scale must be finite, got " + std::to_string(scale));
-            return nullptr;
-        }
-        if (!std::isfinite(divisor) || divisor == 0.F)
-        {
-            logError(node + "logit_divisor must be finite and non-zero, got " + std::to_string(divisor));
-            return nullptr;
-        }
-        return new (std::nothrow) ResidualScoreAttentionPlugin(scale, divisor, hasPrev, hasMask);
+        ATTNRES_PLUGIN_VALIDATE(
+            hasScale && hasDivisor, node + "required field " + (hasScale ? "logit_divisor" : "scale") + " is missing");
+        ATTNRES_PLUGIN_VALIDATE(std::isfinite(scale), node + "scale must be finite, got " + std::to_string(scale));
+        ATTNRES_PLUGIN_VALIDATE(std::isfinite(divisor) && divisor != 0.F,
+            node + "logit_divisor must be finite and non-zero, got " + std::to_string(divisor));
+        return new ResidualScoreAttentionPlugin(scale, divisor, hasPrev, hasMask);
     }
     catch (std::exception const& e)
     {
-        logError(nodePrefix() + "createPlugin failed: " + e.what());
-        return nullptr;
+        caughtError(e, kRESIDUAL_ATTENTION_NAME, "createPlugin");
     }
+    return nullptr;
 }
 
 } // namespace plugin

@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * TensorRT IPluginV3 for ResidualScoreAttention (RealFormer, SPEC 3, 4): inputs q, k, v of one type T
+ * TensorRT IPluginV3 for ResidualScoreAttention (RealFormer, docs/op-set.md#residualscoreattention): inputs q, k, v of one type T
  * (float32, float16, bfloat16), then optional prev_scores and mask_bias (float32); outputs out (T) and
  * scores (float32); fields scale, logit_divisor and the optional has_prev_scores / has_mask.
  */
@@ -18,7 +18,7 @@ namespace attnres
 namespace plugin
 {
 
-//! Plugin name (= ONNX op type) and version (attnres_export.ops.identity.RESIDUAL_ATTENTION, PLUGIN_VERSION).
+//! Plugin name (= ONNX op type) and version (attnres_export.ops.opset.RESIDUAL_ATTENTION, PLUGIN_VERSION).
 constexpr char const* kRESIDUAL_ATTENTION_NAME{"ResidualScoreAttention"};
 constexpr char const* kRESIDUAL_ATTENTION_VERSION{"1"};
 
