@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnres_export.errors import ExportError
-
 
 @dataclass(frozen=True)
 class DimRange:
@@ -20,20 +18,3 @@ class DimRange:
 
     def as_list(self) -> list[int]:
         return [self.min, self.opt, self.max]
-
-    @classmethod
-    def parse(cls, text: str, what: str) -> DimRange:
-        """Parse ``MIN:OPT:MAX`` (or a single ``N`` meaning ``N:N:N``)."""
-        parts = text.split(":")
-        try:
-            values = [int(p) for p in parts]
-        except ValueError:
-            values = []
-        if len(values) == 1:
-            values = values * 3
-        if len(values) != 3:
-            raise ExportError(f"--{what} {text!r}: expected MIN:OPT:MAX with whole numbers, e.g. 1:8:64")
-        lo, opt, hi = values
-        if not 1 <= lo <= opt <= hi:
-            raise ExportError(f"--{what} {text!r}: need 1 <= MIN <= OPT <= MAX")
-        return cls(lo, opt, hi)

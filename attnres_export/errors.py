@@ -25,3 +25,11 @@ class ParityError(AttnresError):
 
 class EngineError(AttnresError):
     """A TensorRT engine that cannot be built, loaded or run (missing TensorRT, plugin, profile)."""
+
+
+class PluginBuildError(AttnresError):
+    """A native build step failed (CMake, nvcc, missing headers)."""
+
+
+class OpSetError(GraphError):
+    """An attnres node that breaks the op-set contract (docs/op-set.md): missing inputs, bad attributes."""

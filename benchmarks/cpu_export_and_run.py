@@ -23,12 +23,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.torch_runner import TorchRunner
+from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.ranges import DimRange
 from attnres_export.graphs.targets import convert
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
-from attnres_export.parity.runners import OnnxRuntimeRunner, TorchRunner
 
 CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
 BATCH, SEQ = 4, 128

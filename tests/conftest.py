@@ -27,3 +27,10 @@ def checkpoint_dir(tmp_path_factory) -> Path:
 def block2_checkpoint(checkpoint_dir) -> Path:
     """Block AttnRes, S = 2, two layers: aggregations with 1, 2 and 3 sources."""
     return write_checkpoint(checkpoint_dir / "block2.pt", n_layers=2, block_size=2)
+
+
+def slow_after(values, fast: int = 1) -> list:
+    """Parameters for a matrix whose first ``fast`` cases run in the fast loop and the rest are marked slow
+    (a tuple is one case of several parameters)."""
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=() if i < fast else pytest.mark.slow)
+            for i, v in enumerate(values)]

@@ -12,6 +12,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 import attnres_export.exporter.save as save_module
+import attnres_export.graphs.onnx_utils as onnx_utils
 from attnres_export.cli import app, export_app
 
 runner = CliRunner()
@@ -46,6 +47,7 @@ def test_example_export_inspect_and_convert_work_end_to_end(tmp_path):
     assert not [n for n in onnx.load(str(tmp_path / "p.onnx")).graph.node if n.domain]
 
 
+@pytest.mark.slow
 def test_attnres_export_entry_point_takes_the_same_options(block2_checkpoint, tmp_path):
     result = invoke(block2_checkpoint, "-o", tmp_path / "m.onnx", "--no-check", "--dtype", "float16",
                     application=export_app)
@@ -120,6 +122,7 @@ def test_interrupted_write_leaves_no_model_and_no_temporary_file(block2_checkpoi
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_existing_output_survives_a_failed_rewrite(block2_checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "m.onnx"
     assert invoke("export", block2_checkpoint, "-o", out, "--no-check").exit_code == 0
@@ -130,9 +133,10 @@ def test_existing_output_survives_a_failed_rewrite(block2_checkpoint, tmp_path, 
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
+@pytest.mark.slow
 def test_models_over_the_protobuf_limit_are_saved_with_external_data(block2_checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setattr(save_module, "PROTOBUF_LIMIT", 10_000)
-    monkeypatch.setattr(save_module, "EXTERNAL_DATA_MARGIN", 0)
+    monkeypatch.setattr(onnx_utils, "PROTOBUF_LIMIT", 10_000)
+    monkeypatch.setattr(onnx_utils, "EXTERNAL_DATA_MARGIN", 0)
     out = tmp_path / "big.onnx"
     result = invoke("export", block2_checkpoint, "-o", out, "--seq", "1:4:8")
     assert result.exit_code == 0, result.output

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import replace_nodes, unique_namer
+from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, unique_namer
 from attnres_export.graphs.types import value_types
 
 BF16 = TensorProto.BFLOAT16
@@ -34,8 +34,7 @@ def has_bfloat16(model: onnx.ModelProto) -> bool:
 def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
     """A float32 copy of ``model`` that rounds every computed bfloat16 value (see module doc)."""
     types = value_types(model)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = copy_model(model)
     graph = out.graph
     fresh = unique_namer(graph, "bf16emu")
     for init in graph.initializer:

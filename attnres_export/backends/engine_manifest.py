@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from attnres_export.atomic import write_text_atomic
 from attnres_export.errors import EngineError
-from attnres_export.io import write_text_atomic
 
 FORMAT = "attnres-engine-manifest"
 VERSION = 1

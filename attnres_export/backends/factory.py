@@ -6,11 +6,12 @@ from pathlib import Path
 
 import onnx
 
-from attnres_export.engine.manifest import read_manifest
-from attnres_export.engine.onnx_info import onnx_dtype
+from attnres_export.backends.base import Runner
+from attnres_export.backends.engine_manifest import read_manifest
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner
 from attnres_export.errors import ParityError
-from attnres_export.graphs.inspect import load_onnx
-from attnres_export.parity.runners import OnnxRuntimeCudaRunner, OnnxRuntimeRunner, Runner
+from attnres_export.graphs.load import load_onnx
+from attnres_export.graphs.metadata import onnx_dtype
 
 
 def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.ModelProto]:
@@ -24,7 +25,7 @@ def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.Mo
 
 def engine_runner(path: Path, plugin: Path | None = None) -> tuple[Runner, str]:
     """A TensorRT runner for the engine at ``path`` and the dtype from its manifest."""
-    from attnres_export.parity.tensorrt_runner import TensorRTRunner
+    from attnres_export.backends.tensorrt_runner import TensorRTRunner
 
     manifest = read_manifest(path)
     if manifest is None:

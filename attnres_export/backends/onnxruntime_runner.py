@@ -1,68 +1,25 @@
-"""Backends behind one interface (Polygraphy's idea): ``activate``, ``infer``, ``deactivate``.
+"""ONNX Runtime behind the runner interface, on the CPU or the CUDA execution provider.
 
-Adding a backend is one class. Every runner takes and returns NumPy arrays keyed by tensor name.
+A model with attnres nodes runs with their NumPy reference (onnxruntime-extensions); a bfloat16 model runs
+through the bfloat16 emulation (ONNX Runtime CPU has no bfloat16 arithmetic kernels). Every model is validated
+against the op-set contract first: a malformed attnres node would abort the process inside ONNX Runtime.
 """
 
 from __future__ import annotations
 
-import abc
-import copy
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
-import torch
-from torch import nn
 
+from attnres_export.backends import reference_ops
+from attnres_export.backends.base import Feeds, Runner
+from attnres_export.backends.bf16_emulation import emulate_bfloat16, has_bfloat16
 from attnres_export.errors import ParityError
-from attnres_export.exporter.save import needs_external_data
-from attnres_export.graphs.emulation import emulate_bfloat16, has_bfloat16
-from attnres_export.graphs.onnx_utils import attnres_nodes
-from attnres_export.ops.identity import ORT_TRT_DOMAIN
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class Runner(abc.ABC):
-    """One backend running one artifact."""
-
-    backend: str
-    artifact: str
-
-    def activate(self) -> None:  # noqa: B027 - optional hook, most runners need no setup
-        """Acquire what inference needs (sessions, engines); called once before ``infer``."""
-
-    @abc.abstractmethod
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one inference."""
-
-    def deactivate(self) -> None:  # noqa: B027 - optional hook
-        """Release what ``activate`` acquired."""
-
-    def __enter__(self) -> Runner:
-        self.activate()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.deactivate()
-
-
-class TorchRunner(Runner):
-    """A PyTorch module in eager mode, on the CPU; ``dtype`` casts a copy (the float32 one is the reference)."""
-
-    def __init__(self, model: nn.Module, output_names: list[str], dtype: str = "float32", artifact: str = "") -> None:
-        self.backend = f"pytorch-{dtype}"
-        self.artifact = artifact
-        self.output_names = output_names
-        self.model = model if dtype == "float32" else copy.deepcopy(model).to(TORCH_DTYPES[dtype])
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with torch.inference_mode():
-            outputs = self.model(**{k: torch.from_numpy(v) for k, v in feeds.items()})
-        if isinstance(outputs, torch.Tensor):
-            outputs = (outputs,)
-        return {name: t.float().numpy() for name, t in zip(self.output_names, outputs, strict=True)}
+from attnres_export.graphs.load import load_onnx
+from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
+from attnres_export.graphs.validate import validate_attnres_nodes
+from attnres_export.ops.descriptors import is_attnres
 
 
 class OnnxRuntimeRunner(Runner):
@@ -75,26 +32,22 @@ class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "") -> None:
-        self.source = model
         self.providers = providers or ["CPUExecutionProvider"]
         self.artifact = artifact or (str(model) if isinstance(model, Path) else "")
         self.session = None
-        loaded = self._load()
-        self.uses_reference_ops = bool(attnres_nodes(loaded.graph) or attnres_nodes(loaded.graph, ORT_TRT_DOMAIN))
+        if isinstance(model, Path):
+            loaded = load_onnx(model)
+        else:
+            loaded = model
+            validate_attnres_nodes(loaded, self.artifact or "the model")
+        self.uses_reference_ops = any(is_attnres(node) for node in loaded.graph.node)
         self.emulates_bfloat16 = has_bfloat16(loaded)
         kind = self.name + ("+ref-ops" if self.uses_reference_ops else "")
         self.backend = kind + ("+bf16-emulation" if self.emulates_bfloat16 else "")
         self._model = loaded
 
-    def _load(self) -> onnx.ModelProto:
-        if isinstance(self.source, onnx.ModelProto):
-            return self.source
-        return onnx.load(str(self.source))
-
     def activate(self) -> None:
         import onnxruntime as ort
-
-        from attnres_export.parity import ort_reference
 
         model = self._model
         if self.emulates_bfloat16:
@@ -102,14 +55,14 @@ class OnnxRuntimeRunner(Runner):
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if self.uses_reference_ops:
-            model = ort_reference.with_reference_ops(model)
-            options.register_custom_ops_library(ort_reference.library_path())
+            model = reference_ops.with_reference_ops(model)
+            options.register_custom_ops_library(reference_ops.library_path())
         try:
             self.session = _session(model, options, self.providers)
         except Exception as exc:
             raise ParityError(f"ONNX Runtime could not load {self.artifact or 'the model'}: {exc}") from exc
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, feeds: Feeds) -> Feeds:
         if self.session is None:
             raise ParityError("runner used before activate()")
         names = [o.name for o in self.session.get_outputs()]
@@ -127,14 +80,8 @@ def _session(model: onnx.ModelProto, options, providers: list[str]):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="attnres-ort-") as tmp:
         path = Path(tmp) / "model.onnx"
-        onnx.save_model(_copy(model), str(path), save_as_external_data=True, location="model.onnx.data")
+        onnx.save_model(copy_model(model), str(path), save_as_external_data=True, location="model.onnx.data")
         return ort.InferenceSession(str(path), options, providers=providers)
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
 
 
 def cuda_provider_available() -> bool:

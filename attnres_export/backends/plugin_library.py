@@ -1,4 +1,4 @@
-"""Finding and loading the plugin library in the way each use needs (SPEC 5: two libraries, one source).
+"""Finding and loading the plugin library in the way each use needs (docs/op-set.md#plugins: two libraries, one source).
 
 ``libattnres_trt.so`` registers its creators when loaded (ctypes); ``libattnres_trt_dyn.so`` is loaded by
 TensorRT's registry and is the only one that can be serialized into an engine. Loading both fails.
@@ -11,9 +11,8 @@ from pathlib import Path
 from types import ModuleType
 
 from attnres_export.errors import EngineError
+from attnres_export.plugins.build import TRT_DYN_LIB, TRT_LIB, find_libraries
 
-STATIC_NAME = "libattnres_trt.so"
-DYNAMIC_NAME = "libattnres_trt_dyn.so"
 BUILD_HINT = "run `attnres plugin build --tensorrt-root DIR` or pass --plugin PATH"
 
 
@@ -29,15 +28,13 @@ def resolve(explicit: Path | None, dynamic: bool = False) -> Path:
         if not path.is_file():
             raise EngineError(f"plugin library {path} does not exist; {BUILD_HINT}")
         if dynamic and not is_dynamic(path):
-            raise EngineError(f"--embed-plugin needs {DYNAMIC_NAME} (exports getCreators), got {path.name}; "
-                              f"pass --plugin {path.with_name(DYNAMIC_NAME)}")
+            raise EngineError(f"--embed-plugin needs {TRT_DYN_LIB} (exports getCreators), got {path.name}; "
+                              f"pass --plugin {path.with_name(TRT_DYN_LIB)}")
         return path
-    from attnres_export.plugins.build import find_libraries
-
     built = find_libraries()
     path = None if built is None else (built.trt_dyn if dynamic else built.trt)
     if path is None:
-        raise EngineError(f"no {DYNAMIC_NAME if dynamic else STATIC_NAME} found; {BUILD_HINT}")
+        raise EngineError(f"no {TRT_DYN_LIB if dynamic else TRT_LIB} found; {BUILD_HINT}")
     return Path(path)
 
 
@@ -52,7 +49,7 @@ def load(trt: ModuleType, path: Path) -> None:
         except RuntimeError:
             handle = None
         if handle is None:
-            raise EngineError(f"TensorRT could not load {path} (its creators already registered by {STATIC_NAME} "
+            raise EngineError(f"TensorRT could not load {path} (its creators already registered by {TRT_LIB} "
                               "in this process, or built for another TensorRT); load only one of the two libraries")
         return
     try:

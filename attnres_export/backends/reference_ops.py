@@ -1,17 +1,14 @@
 """The attnres op set's NumPy reference served to ONNX Runtime through onnxruntime-extensions.
 
 Two limits of onnxruntime-extensions' Python ops shape this module (see docs/onnx-runtime-notes.md):
-- an op has a fixed input list (no variadic inputs) and one registration per op type, so each arity gets its
-  own op type ``AttnResAggregate__n<N>``;
+- an op has a fixed input list (no variadic or optional inputs) and one registration per op type, so each
+  pattern of present inputs gets its own op type ``<OpType>__<pattern>`` (one digit per canonical position:
+  1 listed, 0 absent), and absent inputs are dropped from the node;
 - float16 and bfloat16 are not supported ("Type float16 not supported by python customops api", and the
-  process aborts), so sources of those types are cast to float32 before the op and its result cast back.
+  process aborts), so inputs and outputs of the storage type are cast through float32 around the op.
   The op computes in float32 from the storage values and rounds its result to the storage type, so this is
   the op's own semantics, not an approximation.
-Optional inputs are absent or present per node, and a Python op's input list is fixed, so
-ResidualScoreAttention gets one op type per presence pattern, ``ResidualScoreAttention__prev<0|1>_mask<0|1>``,
-and absent inputs are dropped from the node. Its two outputs come back as a tuple; ``scores`` is float32 in
-every storage type, so only ``out`` is cast back.
-Only the in-memory copy that ONNX Runtime runs is changed; the file is not.
+Everything here is read from the op descriptors. Only the in-memory copy that ONNX Runtime runs is changed.
 """
 
 from __future__ import annotations
@@ -22,11 +19,10 @@ import onnx
 from onnx import TensorProto
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import replace_nodes, unique_namer
-from attnres_export.graphs.optional_inputs import attention_inputs, drop_presence
+from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, unique_namer
 from attnres_export.graphs.types import value_types
-from attnres_export.ops.identity import AGGREGATE, DOMAIN, ORT_TRT_DOMAIN, RESIDUAL_ATTENTION
-from attnres_export.ops.numpy_ref import attnres_aggregate_numpy, residual_score_attention_numpy
+from attnres_export.ops.descriptors import ATTNRES_DOMAINS, OPS, PLUGIN_ATTRIBUTES, OpDescriptor, is_attnres
+from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 
 def _extensions():
@@ -41,94 +37,74 @@ def library_path() -> str:
 
 
 @functools.cache
-def _register(arity: int) -> str:
+def _register(op_type: str, pattern: tuple[bool, ...]) -> str:
+    """Register the reference of ``op_type`` for inputs listed as in ``pattern``; returns the op type to use."""
+    op = OPS[op_type]
     ext = _extensions()
     dt = ext.PyCustomOpDef
-    op_type = f"{AGGREGATE}__n{arity}"
+    name = f"{op.op_type}__{''.join('1' if p else '0' for p in pattern)}"
 
-    def aggregate(score_weight, *sources, eps, **_plugin_attrs):
-        return attnres_aggregate_numpy(score_weight, sources, eps)
+    def reference(*inputs, **attrs):
+        listed = iter(inputs)
+        canonical = [next(listed) if present else None for present in pattern]
+        outputs = op.numpy_reference(canonical, attrs)
+        return outputs[0] if len(outputs) == 1 else outputs
 
+    attrs = {a.name: dt.dt_float for a in op.attributes}
     ext.onnx_op(
-        op_type=f"{DOMAIN}::{op_type}",
-        inputs=[dt.dt_float] * (arity + 1),
-        outputs=[dt.dt_float],
-        attrs={"eps": dt.dt_float, "plugin_version": dt.dt_string, "plugin_namespace": dt.dt_string},
-    )(aggregate)
-    return op_type
-
-
-@functools.cache
-def _register_attention(has_prev: bool, has_mask: bool) -> str:
-    ext = _extensions()
-    dt = ext.PyCustomOpDef
-    op_type = f"{RESIDUAL_ATTENTION}__prev{int(has_prev)}_mask{int(has_mask)}"
-
-    def attention(q, k, v, *optional, scale, logit_divisor, **_plugin_attrs):
-        rest = iter(optional)
-        prev = next(rest) if has_prev else None
-        mask = next(rest) if has_mask else None
-        return residual_score_attention_numpy(q, k, v, prev, mask, scale, logit_divisor)
-
-    ext.onnx_op(
-        op_type=f"{DOMAIN}::{op_type}",
-        inputs=[dt.dt_float] * (3 + has_prev + has_mask),
-        outputs=[dt.dt_float, dt.dt_float],
-        attrs={"scale": dt.dt_float, "logit_divisor": dt.dt_float, "plugin_version": dt.dt_string,
-               "plugin_namespace": dt.dt_string},
-    )(attention)
-    return op_type
+        op_type=f"{DOMAIN}::{name}",
+        inputs=[dt.dt_float] * sum(pattern),
+        outputs=[dt.dt_float] * len(op.outputs),
+        attrs={**attrs, "plugin_version": dt.dt_string, "plugin_namespace": dt.dt_string},
+    )(reference)
+    return name
 
 
 def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy whose attnres nodes call the registered float32 reference ops (registering them on first use)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = copy_model(model)
     types = value_types(out)
     fresh = unique_namer(out.graph, "attnres_ref")
     nodes: list[onnx.NodeProto] = []
     for node in out.graph.node:
-        if node.domain not in (DOMAIN, ORT_TRT_DOMAIN):
+        if not is_attnres(node):
             nodes.append(node)
             continue
-        if node.op_type == AGGREGATE:
-            node.op_type, first_stored = _register(len(node.input) - 1), 1
-        elif node.op_type == RESIDUAL_ATTENTION:
-            inputs = attention_inputs(node)
-            node.op_type, first_stored = _register_attention(bool(inputs[3]), bool(inputs[4])), 0
-            drop_presence(node)
-            del node.input[:]
-            node.input.extend(name for name in inputs if name)
-        else:
-            raise ValueError(f"no ONNX Runtime reference for attnres op {node.op_type!r}")
+        op = OPS[node.op_type]
+        inputs = op.canonical_inputs(node)
+        storage = types.get(inputs[op.storage_input], TensorProto.FLOAT)
+        node.op_type = _register(op.op_type, tuple(bool(name) for name in inputs))
+        op.drop_presence(node)
+        kept = [a for a in node.attribute if a.name not in PLUGIN_ATTRIBUTES]
+        del node.attribute[:]
+        node.attribute.extend([*kept, *(oh.make_attribute(name, "") for name in PLUGIN_ATTRIBUTES)])
         node.domain = DOMAIN
-        for name in ("plugin_version", "plugin_namespace"):
-            if not any(a.name == name for a in node.attribute):
-                node.attribute.append(oh.make_attribute(name, ""))
-        nodes.extend(_widen(node, types, first_stored, fresh))
+        listed = [(name, op.spec_of(position).storage) for position, name in enumerate(inputs) if name]
+        nodes.extend(_widen(node, op, listed, storage, fresh))
     replace_nodes(out.graph, nodes)
-    kept = [e for e in out.opset_import if e.domain not in (DOMAIN, ORT_TRT_DOMAIN)]
+    kept = [e for e in out.opset_import if e.domain not in ATTNRES_DOMAINS]
     del out.opset_import[:]
-    out.opset_import.extend([*kept, oh.make_opsetid(DOMAIN, 1)])
+    out.opset_import.extend([*kept, oh.make_opsetid(DOMAIN, OPSET_VERSION)])
     return out
 
 
-def _widen(node: onnx.NodeProto, types: dict[str, int], first_stored: int, fresh) -> list[onnx.NodeProto]:
-    """``node`` with its storage-typed inputs (from ``first_stored``) and first output cast through float32.
-
-    The storage type is the type of input ``first_stored``; inputs of that type are widened, float32 ones
-    (``prev_scores``, ``mask_bias``) pass as they are.
-    """
-    storage = types.get(node.input[first_stored], TensorProto.FLOAT)
-    if storage == TensorProto.FLOAT:
-        return [node]
-    nodes, inputs = [], list(node.input)
-    for i, name in enumerate(inputs):
-        if i >= first_stored and types.get(name) == storage:
-            inputs[i] = fresh("f32")
-            nodes.append(oh.make_node("Cast", [name], [inputs[i]], to=TensorProto.FLOAT))
-    result, narrow = fresh("f32_out"), node.output[0]
+def _widen(node: onnx.NodeProto, op: OpDescriptor, listed: list[tuple[str, bool]], storage: int,
+           fresh) -> list[onnx.NodeProto]:
+    """``node`` on the listed inputs, with storage-typed inputs and outputs cast through float32."""
     del node.input[:]
-    node.input.extend(inputs)
-    node.output[0] = result
-    return [*nodes, node, oh.make_node("Cast", [result], [narrow], to=storage)]
+    if storage == TensorProto.FLOAT:
+        node.input.extend(name for name, _ in listed)
+        return [node]
+    before, after = [], []
+    for name, is_storage in listed:
+        if is_storage:
+            wide = fresh("f32")
+            before.append(oh.make_node("Cast", [name], [wide], to=TensorProto.FLOAT))
+            name = wide
+        node.input.append(name)
+    for index, spec in enumerate(op.outputs):
+        if spec.storage and index < len(node.output) and node.output[index]:
+            wide, narrow = fresh("f32_out"), node.output[index]
+            node.output[index] = wide
+            after.append(oh.make_node("Cast", [wide], [narrow], to=storage))
+    return [*before, node, *after]

@@ -10,15 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnres_export.engine import plugin_library
-from attnres_export.engine.manifest import EngineManifest, read_manifest
-from attnres_export.engine.tensorrt_api import logger, require_tensorrt
+from attnres_export.backends import plugin_library
+from attnres_export.backends.base import Runner
+from attnres_export.backends.engine_manifest import EngineManifest, read_manifest
+from attnres_export.backends.tensorrt_api import logger, require_tensorrt
+from attnres_export.dtypes import TENSORRT_TO_NAME
 from attnres_export.errors import EngineError
-from attnres_export.parity.runners import Runner
-
-TORCH_TYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
-               "INT8": "int8", "UINT8": "uint8", "BOOL": "bool"}
-"""TensorRT DataType member -> torch dtype name."""
 
 
 def _cuda_torch():
@@ -89,13 +86,13 @@ class TensorRTRunner(Runner):
     def _torch_dtype(self, name: str):
         torch = _cuda_torch()
         kind = self.engine.get_tensor_dtype(name).name
-        if kind not in TORCH_TYPES:
+        if kind not in TENSORRT_TO_NAME:
             raise EngineError(f"engine tensor {name!r} has type {kind}, which this runner cannot allocate")
-        return getattr(torch, TORCH_TYPES[kind])
+        return getattr(torch, TENSORRT_TO_NAME[kind])
 
     def input_dtype(self, name: str) -> str:
         """NumPy dtype name to feed ``name`` with (bfloat16 inputs are fed as float32 and cast on the device)."""
-        kind = TORCH_TYPES.get(self.engine.get_tensor_dtype(name).name, "float32")
+        kind = TENSORRT_TO_NAME.get(self.engine.get_tensor_dtype(name).name, "float32")
         return "float32" if kind == "bfloat16" else kind
 
     def bind(self, feeds: dict[str, np.ndarray]) -> None:

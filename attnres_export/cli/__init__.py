@@ -1,13 +1,11 @@
 """The ``attnres`` command line (typer); ``attnres-export`` is ``attnres export``.
 
-Each command lives in its own module of this package and registers itself on ``app`` when imported.
+Each command lives in its own module of this package and registers itself through ``app.command`` when
+imported; ``app.py`` holds the one error path and ``options.py`` the options several commands share.
 """
 
-from attnres_export.cli import bench, build, check, convert, example, export, fuse, inspect
-from attnres_export.cli._app import app, export_app
-from attnres_export.plugins.cli import plugin_app
-
-app.add_typer(plugin_app, name="plugin", help="Build and locate the CUDA/TensorRT plugin libraries.")
+from attnres_export.cli import bench, build, check, convert, example, export, fuse, inspect, plugin
+from attnres_export.cli.app import app, export_app
 
 
 def export_main() -> None:
@@ -16,4 +14,4 @@ def export_main() -> None:
 
 
 __all__ = ["app", "bench", "build", "check", "convert", "example", "export", "export_app", "export_main", "fuse",
-           "inspect"]
+           "inspect", "plugin"]

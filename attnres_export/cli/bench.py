@@ -8,44 +8,38 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli._app import DebugOption, app, console, friendly_errors, set_debug
+from attnres_export.cli.app import app, command, console
+from attnres_export.cli.options import Plugin, Shapes, parse_shapes
 from attnres_export.errors import AttnresError
 
 
-@app.command()
+@command(app)
 def bench(
     artifact: Annotated[Path, typer.Argument(help="TensorRT engine, or ONNX (run on ONNX Runtime).")],
-    shapes: Annotated[list[str] | None, typer.Option(help="B,T shape to time [the opt shape].")] = None,
+    shapes: Shapes = None,
     iterations: Annotated[int, typer.Option(help="Timed iterations per shape.")] = 100,
     warmup: Annotated[int, typer.Option(help="Untimed iterations first.")] = 10,
     cuda_graph: Annotated[bool, typer.Option(help="Replay engines from a captured CUDA graph.")] = False,
     compare: Annotated[Path | None, typer.Option(help="Another engine/ONNX, timed in alternation.")] = None,
-    plugin: Annotated[Path | None, typer.Option(help="Plugin library for engines [from their manifest].")] = None,
-    debug: DebugOption = False,
+    plugin: Plugin = None,
 ) -> None:
     """Median, p90 and p99 latency and throughput (CUDA events for engines, perf_counter for ONNX Runtime)."""
-    if debug:
-        set_debug(True)
-    _bench(artifact, shapes or [], iterations, warmup, cuda_graph, compare, plugin)
-
-
-@friendly_errors
-def _bench(artifact, shape_texts, iterations, warmup, cuda_graph, compare, plugin) -> None:
-    from attnres_export.cli.check import parse_shape
-    from attnres_export.engine.bench import measure, ratio_lines, results_table
+    from attnres_export.cli.render import bench_table
+    from attnres_export.engine.bench import measure, ratio_lines
 
     if iterations < 1 or warmup < 0:
         raise AttnresError("--iterations must be >= 1 and --warmup >= 0")
+    wanted_shapes = parse_shapes(shapes)
     paths = [artifact] + ([compare] if compare else [])
     with ExitStack() as stack:
         opened = [stack.enter_context(_Opened(p, plugin)) for p in paths]
-        shapes = [parse_shape(s) for s in shape_texts] or [opened[0].default_shape()]
+        run_shapes = wanted_shapes or [opened[0].default_shape()]
         per_shape = []
         with console.status(f"timing {iterations} iterations after {warmup} warm-up"):
-            for shape in shapes:
+            for shape in run_shapes:
                 per_shape.append([o.workload(shape, cuda_graph) for o in opened])
                 measure(per_shape[-1], iterations, warmup)
-    console.print(results_table([w for group in per_shape for w in group]))
+    console.print(bench_table([w for group in per_shape for w in group]))
     if compare:
         for line in ratio_lines(per_shape):
             console.print(line, highlight=False)
@@ -59,9 +53,9 @@ class _Opened:
         self.plugin = plugin
 
     def __enter__(self) -> _Opened:
-        from attnres_export.engine.onnx_info import export_info, input_axes
-        from attnres_export.parity.artifacts import engine_runner, onnx_runner
-        from attnres_export.parity.runners import cuda_provider_available
+        from attnres_export.backends.factory import engine_runner, onnx_runner
+        from attnres_export.backends.onnxruntime_runner import cuda_provider_available
+        from attnres_export.graphs.metadata import export_info, input_axes
 
         if self.path.suffix == ".onnx":
             self.runner, _, model = onnx_runner(self.path, "cuda" if cuda_provider_available() else "cpu")

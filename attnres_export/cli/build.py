@@ -7,51 +7,41 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli._app import DebugOption, app, console, err_console, friendly_errors, set_debug
+from attnres_export.cli.app import app, command, console, err_console
+from attnres_export.cli.options import Plugin, parse_range
 
 
-@app.command()
+@command(app)
 def build(
     onnx: Annotated[Path, typer.Argument(help="ONNX written by attnres-export --target tensorrt.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Engine file [ONNX with .engine].")] = None,
-    plugin: Annotated[Path | None, typer.Option(help="Plugin library [latest `attnres plugin build`].")] = None,
+    plugin: Plugin = None,
     batch: Annotated[str | None, typer.Option(help="Batch range MIN:OPT:MAX [the exported range].")] = None,
     seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [the exported range].")] = None,
     timing_cache: Annotated[Path | None, typer.Option(help="Timing cache to read and update.")] = None,
     opt_level: Annotated[int | None, typer.Option(help="Builder optimization level 0..5.")] = None,
     embed_plugin: Annotated[bool, typer.Option(help="Serialize libattnres_trt_dyn.so into the engine.")] = False,
     workspace: Annotated[int | None, typer.Option(help="Workspace limit in MB.")] = None,
-    debug: DebugOption = False,
 ) -> None:
     """Build a TensorRT engine (strongly typed: the ONNX's dtype is the engine's) after a plugin preflight."""
-    if debug:
-        set_debug(True)
-    _build(onnx, output, plugin, batch, seq, timing_cache, opt_level, embed_plugin, workspace)
-
-
-@friendly_errors
-def _build(onnx, output, plugin, batch, seq, timing_cache, opt_level, embed_plugin, workspace) -> None:
     from attnres_export.engine.builder import BuildOptions, PreflightFailed, build_engine
-    from attnres_export.exporter.ranges import DimRange
 
     opts = BuildOptions(
-        onnx=onnx, output=output, plugin=plugin, batch=DimRange.parse(batch, "batch") if batch else None,
-        seq=DimRange.parse(seq, "seq") if seq else None, timing_cache=timing_cache, opt_level=opt_level,
-        embed_plugin=embed_plugin, workspace_mb=workspace,
+        onnx=onnx, output=output, plugin=plugin, batch=parse_range(batch, "batch"), seq=parse_range(seq, "seq"),
+        timing_cache=timing_cache, opt_level=opt_level, embed_plugin=embed_plugin, workspace_mb=workspace,
     )
     try:
         with console.status("building") as status:
             result = build_engine(opts, status=lambda text: status.update(text))
     except PreflightFailed as failed:
         for line in failed.result.lines():
-            err_console.print(line, highlight=False, soft_wrap=True)
+            err_console.print(line)
         raise
     for line in result.notes:
-        err_console.print(line, highlight=False, soft_wrap=True)
+        err_console.print(line)
     m = result.manifest
     console.print(f"wrote [bold]{result.engine}[/bold] and {result.manifest_path}: TensorRT {m.tensorrt_version}, "
                   f"{m.dtype}, GPU {m.gpu}, plugin {'embedded' if m.plugin_embedded else m.plugin_library}")
     console.print(f"as plugin: {', '.join(m.plugin_nodes) or 'none'}", highlight=False, soft_wrap=True)
     if m.inlined_nodes:
-        err_console.print(f"[yellow]warning:[/yellow] not running as the plugin: {', '.join(m.inlined_nodes)}",
-                          highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/yellow] not running as the plugin: {', '.join(m.inlined_nodes)}")

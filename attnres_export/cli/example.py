@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli._app import app, console, friendly_errors
+from attnres_export.cli.app import app, command, console
 from attnres_export.errors import AttnresError
 
 REALFORMER_EPS = 1e-12
 """BERT's LayerNorm epsilon, the default of realformer examples."""
 
 
-@app.command()
+@command(app)
 def example(
     output: Annotated[Path, typer.Argument(help="Checkpoint file to write.")],
     arch: Annotated[str, typer.Option(help="attnres-lm (decoder LM) or realformer (encoder, residual scores).")] =
@@ -33,13 +33,6 @@ def example(
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
 ) -> None:
     """Write a randomly initialised checkpoint (random, non-zero pseudo-queries)."""
-    _example(output, arch, residual, block_size, running_mean, eps, layers, d_model, heads, d_ff, vocab,
-             max_seq_len, seed)
-
-
-@friendly_errors
-def _example(output, arch, residual, block_size, running_mean, eps, layers, d_model, heads, d_ff, vocab,
-             max_seq_len, seed) -> None:
     from attnres_export.models import ModelConfig, save_checkpoint
     from attnres_export.models.example import make_example
 

@@ -7,10 +7,22 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli._app import DebugOption, app, console, err_console, export_app, file_size, friendly_errors, set_debug
+from attnres_export.cli.app import app, command, console, export_app, fail
+from attnres_export.cli.options import (
+    ExampleShape,
+    ReportPath,
+    Seed,
+    Tol,
+    Vocab,
+    file_size,
+    parse_example_shapes,
+    parse_range,
+    parse_tolerances,
+)
 from attnres_export.errors import AttnresError
 
 
+@command(app, export_app, name="export")
 def export(
     model: Annotated[Path, typer.Argument(
         help="attnres checkpoint (.pt), torch.export program (.pt2), ONNX file, or pickled module (--trust-pickle).")],
@@ -21,61 +33,42 @@ def export(
     opset: Annotated[int, typer.Option(help="Default-domain ONNX opset (18..23).")] = 18,
     batch: Annotated[str, typer.Option(help="Batch range MIN:OPT:MAX.")] = "1:1:8",
     seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [1:64:max_seq_len].")] = None,
-    report: Annotated[Path | None, typer.Option(help="Write the parity report as JSON here.")] = None,
+    report: ReportPath = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Run the ONNX Runtime parity check.")] = True,
-    seed: Annotated[int, typer.Option(help="Seed of the check's random inputs.")] = 0,
-    tol: Annotated[list[str] | None, typer.Option(help="Override a pass bar: DTYPE:rel_l2:cosine.")] = None,
-    example_shape: Annotated[list[str] | None, typer.Option(
-        "--example-shape", help="Foreign models: an input's shape NAME:d0,d1,...[:DTYPE] (repeatable).")] = None,
+    seed: Seed = 0,
+    tol: Tol = None,
+    example_shape: ExampleShape = None,
     trust_pickle: Annotated[bool, typer.Option(
         "--trust-pickle", help="Unpickle a whole nn.Module (runs code from the file; only for files you trust).")] =
     False,
     imports: Annotated[list[str] | None, typer.Option(
         "--import", help="Module to import before unpickling, for the model's classes (repeatable).")] = None,
-    vocab: Annotated[int | None, typer.Option(help="Foreign models: integer inputs are drawn from [0, VOCAB).")] =
-    None,
-    debug: DebugOption = False,
+    vocab: Vocab = None,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
-    if debug:
-        set_debug(True)
-    foreign = (example_shape or [], trust_pickle, imports or [], vocab)
-    _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol or [], foreign)
-
-
-@friendly_errors
-def _export(model, output, target, dtype, opset, batch, seq, report, check, seed, tol, foreign) -> None:
+    from attnres_export.cli.render import fusion_table, report_table
     from attnres_export.exporter.export import ExportOptions
-    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions, export_any, parse_example_shape
-    from attnres_export.exporter.ranges import DimRange
-    from attnres_export.parity.metrics import parse_tolerance
+    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions, export_any
 
     if report is not None and not check:
         raise AttnresError("--report needs the parity check; drop --no-check or --report")
     opts = ExportOptions(
-        checkpoint=model, output=output, target=target, dtype=dtype, opset=opset,
-        batch=DimRange.parse(batch, "batch"), seq=DimRange.parse(seq, "seq") if seq else None,
-        check=check, seed=seed, tolerances=dict(parse_tolerance(t) for t in tol),
+        checkpoint=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
+        seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
     )
-    shapes, trust, imports, vocab = foreign
-    foreign_opts = ForeignOptions(dict(map(parse_example_shape, shapes)), trust, imports, vocab)
+    foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, imports or [], vocab)
     with console.status("exporting") as status:
-        result = export_any(opts, foreign_opts, status=lambda text: status.update(text))
+        result = export_any(opts, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
-        console.print(result.fusion.table())
+        console.print(fusion_table(result.fusion))
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
                   f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
     if result.report is None:
         return
-    result.report.print(console)
+    console.print(report_table(result.report))
     if report is not None:
         result.report.write_json(report)
         console.print(f"report: {report}")
     if not result.report.ok:
-        err_console.print("[red]error:[/red] parity check failed: an output missed its bar (see the table)")
-        raise typer.Exit(1)
-
-
-app.command("export")(export)
-export_app.command()(export)
+        fail("parity check failed: an output missed its bar (see the table)")

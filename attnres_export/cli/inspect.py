@@ -8,17 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from attnres_export.cli._app import app, console, friendly_errors
+from attnres_export.cli.app import app, command, console
 
 
-@app.command()
+@command(app)
 def inspect(file: Annotated[Path, typer.Argument(help="A checkpoint (.pt) or an ONNX file.")]) -> None:
     """Summarise a checkpoint (config, parameters) or an ONNX (opsets, inputs, attnres nodes)."""
-    _inspect(file)
-
-
-@friendly_errors
-def _inspect(file: Path) -> None:
     if file.suffix == ".onnx":
         _inspect_onnx(file)
     else:
@@ -40,7 +35,8 @@ def _inspect_checkpoint(file: Path) -> None:
 
 
 def _inspect_onnx(file: Path) -> None:
-    from attnres_export.graphs.inspect import load_onnx, summarize
+    from attnres_export.graphs.inspect import summarize
+    from attnres_export.graphs.load import load_onnx
 
     summary = summarize(load_onnx(file, load_external_data=False))
     console.print(f"[bold]{file}[/bold]: target {summary.target}, {summary.nodes} nodes, opsets "

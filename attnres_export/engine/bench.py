@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from rich.table import Table
 
-from attnres_export.parity.runners import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 
 
 class HostClock:
@@ -101,18 +100,6 @@ def measure(workloads: Sequence[Workload], iterations: int, warmup: int) -> None
     for _ in range(iterations):
         for workload in workloads:
             workload.latencies_ms.append(workload.clock.measure(workload.step))
-
-
-def results_table(workloads: Sequence[Workload]) -> Table:
-    table = Table(title="Latency (median, p90, p99) and throughput at the median")
-    for column in ("artifact", "backend", "clock", "shape", "median ms", "p90 ms", "p99 ms", "seq/s", "tokens/s"):
-        table.add_column(column, justify="right" if column[0] in "mpst" and column != "shape" else "left")
-    for w in workloads:
-        sequences, tokens = w.throughput()
-        table.add_row(w.artifact, w.backend, w.clock.name, "x".join(map(str, w.shape)),
-                      f"{w.percentile(50):.3f}", f"{w.percentile(90):.3f}", f"{w.percentile(99):.3f}",
-                      f"{sequences:,.1f}", f"{tokens:,.0f}")
-    return table
 
 
 def ratio_lines(pairs: Sequence[Sequence[Workload]]) -> list[str]:

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import onnx
 
-from attnres_export.engine import plugin_library
-from attnres_export.engine.manifest import EngineManifest, sha256_file, write_manifest
-from attnres_export.engine.onnx_info import export_info, onnx_dtype
+from attnres_export.atomic import atomic_write
+from attnres_export.backends import plugin_library
+from attnres_export.backends.engine_manifest import EngineManifest, sha256_file, write_manifest
+from attnres_export.backends.tensorrt_api import logger, require_tensorrt, version_tuple
+from attnres_export.dims import DimRange
 from attnres_export.engine.preflight import PreflightResult, preflight, registry_listing
 from attnres_export.engine.profiles import Profile, derive_profile
-from attnres_export.engine.tensorrt_api import logger, require_tensorrt, version_tuple
 from attnres_export.errors import EngineError
-from attnres_export.exporter.ranges import DimRange
-from attnres_export.graphs.inspect import load_onnx
+from attnres_export.graphs.load import load_onnx
+from attnres_export.graphs.metadata import export_info, onnx_dtype
 from attnres_export.graphs.onnx_utils import attnres_nodes
-from attnres_export.io import atomic_write
-from attnres_export.ops.identity import ORT_TRT_DOMAIN
+from attnres_export.ops.opset import ORT_TRT_DOMAIN
 
 PLUGIN_LAYER_TYPES = ("PluginV3", "PluginV2")
 

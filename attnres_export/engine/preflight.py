@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import TensorProto
 
-from attnres_export.graphs.onnx_utils import attribute
+from attnres_export.dtypes import BY_ONNX, ONNX_FLOAT, ONNX_UNDEFINED, STORAGE_TYPES, onnx_type_name
 from attnres_export.graphs.types import value_types
-from attnres_export.ops.identity import DOMAIN, ORT_TRT_DOMAIN, RESIDUAL_ATTENTION
+from attnres_export.ops.descriptors import OPS, is_attnres
+from attnres_export.ops.onnx_nodes import attribute
 
 PluginKey = tuple[str, str, str]
 """(plugin name, plugin version, plugin namespace), as TensorRT's registry lists a creator."""
@@ -23,9 +23,6 @@ PluginKey = tuple[str, str, str]
 PLUGIN_OVER_FUNCTION = (10, 7)
 """From this TensorRT version a registered plugin wins over a model-local function of the same op."""
 
-SOURCE_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
-"""Types T of the data inputs (sources; q, k, v)."""
-FLOAT32 = TensorProto.FLOAT
 OPTIONAL_ABSENT = -1
 """Input type recorded for an optional input left out (empty name)."""
 
@@ -76,11 +73,11 @@ def node_requests(model: onnx.ModelProto) -> list[NodeRequest]:
     types = value_types(model)
     requests = []
     for index, node in enumerate(model.graph.node):
-        if node.domain not in (DOMAIN, ORT_TRT_DOMAIN):
+        if not is_attnres(node):
             continue
         version = _text(attribute(node, "plugin_version", b"1"))
         namespace = _text(attribute(node, "plugin_namespace", b""))
-        input_types = tuple(types.get(name, TensorProto.UNDEFINED) if name else OPTIONAL_ABSENT
+        input_types = tuple(types.get(name, ONNX_UNDEFINED) if name else OPTIONAL_ABSENT
                             for name in node.input)
         requests.append(NodeRequest(node.name or f"#{index}", node.op_type, version, namespace, input_types))
     return requests
@@ -101,13 +98,12 @@ def preflight(
     result = PreflightResult(requests)
     available = {tuple(k) for k in registry}
     functions = {(f.domain, f.name) for f in model.functions}
-    for node, request in zip((n for n in model.graph.node if n.domain in (DOMAIN, ORT_TRT_DOMAIN)), requests,
-                             strict=True):
+    for node, request in zip((n for n in model.graph.node if is_attnres(n)), requests, strict=True):
         if request.key not in available:
             result.problems.append(Problem(request.node, _mismatch(request, available, libraries)))
         if (node.domain, node.op_type) in functions:
             result.problems.append(_shadowing(request, tensorrt_version))
-        result.problems.extend(_dtype_problems(request))
+        result.problems.extend(_dtype_problems(node, request))
     return result
 
 
@@ -140,37 +136,38 @@ def _shadowing(request: NodeRequest, tensorrt_version: tuple[int, int]) -> Probl
                    "prefers the registered plugin because the node has plugin_namespace", fatal=False)
 
 
-def _dtype_problems(request: NodeRequest) -> list[Problem]:
-    """Input types the plugin's supportsFormatCombination accepts (SPEC 4), per op type."""
-    types = request.input_types
-    if request.op_type == RESIDUAL_ATTENTION:
-        data, float32_inputs = types[:3], {"prev_scores": types[3:4], "mask_bias": types[4:5]}
-        min_inputs, data_names = 3, "q, k, v"
-    else:
-        data, float32_inputs = types[1:], {"score_weight": types[:1]}
-        min_inputs, data_names = 2, "sources"
-    if len(types) < min_inputs:
-        return [Problem(request.node, f"has {len(types)} inputs; {request.op_type} needs at least {min_inputs}")]
-    if OPTIONAL_ABSENT in types:
+def _dtype_problems(node: onnx.NodeProto, request: NodeRequest) -> list[Problem]:
+    """Input types the plugin's supportsFormatCombination accepts, read from the op's descriptor."""
+    op = OPS.get(request.op_type)
+    if op is None:
+        return [Problem(request.node, f"the attnres op set has no op {request.op_type!r} ({', '.join(OPS)})")]
+    if OPTIONAL_ABSENT in request.input_types:
         return [Problem(request.node, "has an empty optional input, which TensorRT's ONNX parser hands the plugin "
                         "as a null tensor; run `attnres convert --target tensorrt` to list only present inputs")]
-    problems = [Problem(request.node, f"{name} is {_type_name(found[0])}; the plugin takes float32")
-                for name, found in float32_inputs.items() if found and found[0] not in (FLOAT32, OPTIONAL_ABSENT)]
-    kinds = set(data)
-    unsupported = sorted(_type_name(t) for t in kinds if t not in SOURCE_TYPES)
+    problems = [Problem(request.node, p) for p in op.node_problems(node)]
+    if problems:
+        return problems
+    by_name = dict(zip(node.input, request.input_types, strict=True))
+    storage, float32 = set(), []
+    for position, name in enumerate(op.canonical_inputs(node)):
+        if not name:
+            continue
+        spec = op.spec_of(position)
+        if spec.storage:
+            storage.add(by_name[name])
+        elif by_name[name] != ONNX_FLOAT:
+            float32.append(Problem(request.node, f"{spec.name} is {onnx_type_name(by_name[name])}; "
+                                                 "the plugin takes float32"))
+    names = ", ".join(s.name for s in op.inputs if s.storage)
+    unsupported = sorted(onnx_type_name(t) for t in storage if t not in BY_ONNX)
     if unsupported:
-        problems.append(Problem(request.node, f"{data_names} are {', '.join(unsupported)}; the plugin takes "
-                                f"{', '.join(SOURCE_TYPES.values())}"))
-    elif len(kinds) > 1:
-        problems.append(Problem(request.node, f"{data_names} have mixed types "
-                                f"({', '.join(sorted(_type_name(t) for t in kinds))}); all must be one type"))
-    return problems
-
-
-def _type_name(elem_type: int) -> str:
-    if elem_type == TensorProto.UNDEFINED:
-        return "unknown"
-    return TensorProto.DataType.Name(elem_type).lower()
+        float32.append(Problem(request.node, f"{names} are {', '.join(unsupported)}; the plugin takes "
+                                             f"{', '.join(STORAGE_TYPES)}"))
+    elif len(storage) > 1:
+        float32.append(Problem(request.node, f"{names} have mixed types "
+                                             f"({', '.join(sorted(onnx_type_name(t) for t in storage))}); "
+                                             "all must be one type"))
+    return float32
 
 
 def registry_listing(trt) -> list[PluginKey]:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from attnres_export.engine.onnx_info import export_info, input_axes
+from attnres_export.dims import DimRange
 from attnres_export.errors import EngineError
-from attnres_export.exporter.ranges import DimRange
+from attnres_export.graphs.metadata import export_info, input_axes
 
 Shape = tuple[int, ...]
 

@@ -14,20 +14,20 @@ import onnx
 import torch
 
 from attnres_export import __version__
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.torch_runner import TorchRunner
+from attnres_export.dims import DimRange
+from attnres_export.dtypes import STORAGE_TYPES, Tolerance, torch_dtype
 from attnres_export.errors import ExportError
-from attnres_export.exporter.ranges import DimRange
 from attnres_export.exporter.save import save_onnx_atomic
 from attnres_export.exporter.to_onnx import export_module
+from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
-from attnres_export.ops.identity import OPSET_VERSION
-from attnres_export.parity.metrics import Tolerance, tolerance_for
+from attnres_export.ops.opset import OPSET_VERSION
+from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report, run_checks
-from attnres_export.parity.runners import TORCH_DTYPES, OnnxRuntimeRunner, TorchRunner
-
-EXPORT_KEY = "attnres.export"
-"""Model metadata: how the file was exported (dtype, target, dim ranges: the defaults of `attnres build`)."""
 
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = range(18, 24)
@@ -66,8 +66,8 @@ class ExportResult:
 def validate_options(opts: ExportOptions) -> None:
     if opts.target not in ("tensorrt", "portable"):
         raise ExportError(f"--target {opts.target!r}: choose tensorrt or portable (ort-trt: `attnres convert`)")
-    if opts.dtype not in TORCH_DTYPES:
-        raise ExportError(f"--dtype {opts.dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
+    if opts.dtype not in STORAGE_TYPES:
+        raise ExportError(f"--dtype {opts.dtype!r}: choose one of {', '.join(STORAGE_TYPES)}")
     if opts.opset not in SUPPORTED_OPSETS:
         raise ExportError(
             f"--opset {opts.opset}: supported are {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
@@ -113,7 +113,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
 def _export(model: torch.nn.Module, ranges: dict[str, DimRange], opts: ExportOptions) -> onnx.ModelProto:
     export_copy = copy.deepcopy(model)
     export_copy.fold_score_weights()
-    export_copy.to(TORCH_DTYPES[opts.dtype])
+    export_copy.to(torch_dtype(opts.dtype))
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     dynamic = {

@@ -5,13 +5,10 @@ pattern (attnres_export.graphs.fusion) and checked against the unfused graph on 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import json
 import logging
 import pickle
-import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,23 +21,23 @@ from torch import nn
 
 from attnres_export import __version__
 from attnres_export.errors import ExportError
-from attnres_export.exporter.export import EXPORT_KEY, ExportOptions, ExportResult, export_checkpoint, validate_options
+from attnres_export.exporter.export import ExportOptions, ExportResult, export_checkpoint, validate_options
 from attnres_export.exporter.save import save_onnx_atomic
-from attnres_export.graphs.fusion import FusionResult, fuse_model, random_feeds
-from attnres_export.graphs.fusion.capture import run
-from attnres_export.graphs.fusion.fuse import whole_model_parity
+from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
+from attnres_export.graphs.fusion import FusionResult, random_feeds
+from attnres_export.graphs.load import load_onnx
+from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.graphs.targets import convert
-from attnres_export.ops.identity import AGGREGATE
+from attnres_export.ops.opset import AGGREGATE
+from attnres_export.parity.fusion_checks import fuse_and_check, whole_model_parity
 
 PICKLE_RISK = (
     "holds a pickled Python object; unpickling runs arbitrary code from the file, so attnres does not do it "
     "unless you pass --trust-pickle (with --import MODULE for its classes and --example-shape for its inputs). "
     "Safer: save a torch.export program (torch.export.save -> .pt2), an ONNX file, or an attnres state_dict "
-    "checkpoint (SPEC 2)"
+    "checkpoint (docs/models.md#checkpoint-format)"
 )
-SHAPE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 
 
 @dataclass
@@ -59,20 +56,6 @@ class ForeignOptions:
 @dataclass
 class ForeignExportResult(ExportResult):
     fusion: FusionResult | None = None
-
-
-def parse_example_shape(text: str) -> tuple[str, tuple[list[int], str]]:
-    """``NAME:d0,d1,...[:DTYPE]`` as given to ``--example-shape``."""
-    parts = text.split(":")
-    dtype = parts[2] if len(parts) == 3 else "float32"
-    try:
-        dims = [int(d) for d in parts[1].split(",")]
-    except (IndexError, ValueError):
-        dims = []
-    if len(parts) not in (2, 3) or not parts[0] or not dims or min(dims) < 1 or dtype not in SHAPE_DTYPES:
-        raise ExportError(f"--example-shape {text!r}: expected NAME:d0,d1,...[:DTYPE] with DTYPE one of "
-                          f"{', '.join(SHAPE_DTYPES)}, e.g. input_ids:2,16:int64")
-    return parts[0], (dims, dtype)
 
 
 def model_kind(path: Path) -> str:
@@ -107,15 +90,14 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
     status(f"loading {opts.checkpoint}")
     original, feeds = _load(kind, opts, foreign)
     status("finding and verifying aggregations")
-    fusion = fuse_model(original, feeds, seed=opts.seed, check=opts.check)
+    fusion, report = fuse_and_check(original, feeds, seed=opts.seed, check=opts.check)
     model = fusion.model
     set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": "float32",
                                                  "target": opts.target, "source": kind, "fused": fusion.fused}))
-    report = fusion.parity
     if opts.target != "tensorrt":
         model = convert(model, opts.target)
         if opts.check:
-            report = whole_model_parity(model, feeds, run(original, feeds), original)
+            report = whole_model_parity(model, feeds, fusion.values, original)
     out = opts.resolved_output()
     status(f"checking and writing {out}")
     files = save_onnx_atomic(model, out)
@@ -132,7 +114,7 @@ def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> tuple[onnx
         raise ExportError(f"{path}: no such file")
     shapes = {name: dims for name, (dims, _) in foreign.example_shapes.items()}
     if kind == "onnx":
-        model = onnx.load(str(path))
+        model = load_onnx(path)
         return model, random_feeds(model, opts.seed, shapes, foreign.vocab)
     if kind == "program":
         program = load_program(path)
@@ -197,7 +179,7 @@ def _example_inputs(foreign: ForeignOptions, vocab: int, seed: int) -> dict[str,
     generator = torch.Generator().manual_seed(seed)
     inputs = {}
     for name, (dims, dtype) in foreign.example_shapes.items():
-        torch_dtype = SHAPE_DTYPES[dtype]
+        torch_dtype = getattr(torch, dtype)
         if torch_dtype.is_floating_point:
             inputs[name] = torch.randn(dims, generator=generator).to(torch_dtype)
         elif torch_dtype == torch.bool:
@@ -211,20 +193,8 @@ def _onnx_with_feeds(model, args: tuple, kwargs: dict, dynamic: dict | None,
                      opset: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray] | None]:
     """torch.onnx.export (dynamo) of a module or program, and the example inputs keyed by ONNX input name
     (None without example inputs)."""
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    log = io.StringIO()
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, dynamic_shapes=dynamic,
-                                        opset_version=opset, optimize=True, verbose=False)
-    except Exception as exc:
-        cause = exc
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        first = str(cause).strip().splitlines()
-        raise ExportError(f"torch.onnx.export failed: {type(cause).__name__}: {first[0][:300] if first else ''} "
-                          "(run with --debug for the full trace)") from exc
+    program = quiet_torch_onnx_export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic,
+                                      opset_version=opset)
     model_proto = program.model_proto
     tensors = [*args, *kwargs.values()]
     inputs = [i.name for i in model_proto.graph.input if i.name not in {t.name for t in model_proto.graph.initializer}]

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import onnx
 
+from attnres_export.atomic import default_file_mode
+from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
 from attnres_export.graphs.schemas import register_schemas
-from attnres_export.io import default_file_mode
-
-PROTOBUF_LIMIT = 2**31 - 1
-EXTERNAL_DATA_MARGIN = 64 << 20
-
-
-def needs_external_data(model: onnx.ModelProto) -> bool:
-    return model.ByteSize() > PROTOBUF_LIMIT - EXTERNAL_DATA_MARGIN
 
 
 def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
@@ -34,8 +28,7 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
         external = needs_external_data(model)
         data_name = path.name + ".data"
         if external:
-            detached = onnx.ModelProto()
-            detached.CopyFrom(model)
+            detached = copy_model(model)
             onnx.save_model(detached, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_name, size_threshold=1024)
         else:

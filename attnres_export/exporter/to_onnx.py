@@ -12,43 +12,39 @@ import onnxscript
 import torch
 from torch import nn
 
+from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
-from attnres_export.exporter.ranges import DimRange
-from attnres_export.graphs.schemas import aggregate_trace_schema, register_schemas, residual_attention_schema
-from attnres_export.ops.identity import (
-    AGGREGATE,
-    DOMAIN,
-    OPSET_VERSION,
-    PLUGIN_NAMESPACE,
-    PLUGIN_VERSION,
-    RESIDUAL_ATTENTION,
-)
-
-_ATTNRES_OPSET = onnxscript.values.Opset(DOMAIN, OPSET_VERSION)
-_AGGREGATE_OP = onnxscript.values.Op(_ATTNRES_OPSET, AGGREGATE, aggregate_trace_schema())
-_RESIDUAL_ATTENTION_OP = onnxscript.values.Op(_ATTNRES_OPSET, RESIDUAL_ATTENTION, residual_attention_schema())
-
-
-def _translate_aggregate(score_weight, sources, eps: float):
-    return _AGGREGATE_OP(
-        score_weight, *sources, eps=eps, plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE
-    )
-
-
-def _translate_residual_attention(q, k, v, prev_scores, mask_bias, scale: float, logit_divisor: float):
-    """One node with two outputs; an absent optional input becomes an empty input name."""
-    return _RESIDUAL_ATTENTION_OP(
-        q, k, v, prev_scores, mask_bias, scale=scale, logit_divisor=logit_divisor,
-        plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
-    )
+from attnres_export.graphs.schemas import register_schemas, trace_schema
+from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
+from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 
 def translation_table() -> dict:
-    """The custom-op translations torch.onnx needs for the attnres op set."""
-    return {
-        torch.ops.attnres.aggregate.default: _translate_aggregate,
-        torch.ops.attnres.residual_score_attention.default: _translate_residual_attention,
-    }
+    """The custom-op translations torch.onnx needs: one per op descriptor, keyed by its torch custom op."""
+    opset = onnxscript.values.Opset(DOMAIN, OPSET_VERSION)
+    table = {}
+    for op in OPS.values():
+        namespace, name = op.torch_op.split("::")
+        torch_op = getattr(getattr(torch.ops, namespace), name).default
+        table[torch_op] = op.translation(onnxscript.values.Op(opset, op.op_type, trace_schema(op)), PLUGIN_ATTRIBUTES)
+    return table
+
+
+def quiet_torch_onnx_export(model, args: tuple, **options):
+    """``torch.onnx.export(dynamo=True, optimize=True)`` with its console chatter captured; a failure becomes one
+    ExportError naming the root cause. The exporter's logger level is restored afterwards."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    log = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            warnings.simplefilter("ignore")
+            return torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False, **options)
+    except Exception as exc:
+        raise ExportError(f"torch.onnx.export failed: {_summary(exc)} (run with --debug for the full trace)") from exc
+    finally:
+        logger.setLevel(level)
 
 
 def export_module(
@@ -64,26 +60,11 @@ def export_module(
         name: {axis: torch.export.Dim(dim_name, min=rng.min, max=rng.max) for axis, (dim_name, rng) in axes.items()}
         for name, axes in dynamic_dims.items()
     }
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    log = io.StringIO()
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                module,
-                (),
-                kwargs=example_inputs,
-                dynamo=True,
-                custom_translation_table=translation_table(),
-                dynamic_shapes=dynamic_shapes,
-                input_names=list(example_inputs),
-                output_names=output_names,
-                opset_version=opset,
-                optimize=True,
-                verbose=False,
-            )
-    except Exception as exc:
-        raise ExportError(f"torch.onnx.export failed: {_summary(exc)} (run with --debug for the full trace)") from exc
+    program = quiet_torch_onnx_export(
+        module, (), kwargs=example_inputs, custom_translation_table=translation_table(),
+        dynamic_shapes=dynamic_shapes, input_names=list(example_inputs), output_names=output_names,
+        opset_version=opset,
+    )
     model = program.model_proto
     _name_dynamic_dims(model, dynamic_dims)
     return model

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import onnx
-from onnx import TensorProto
 
+from attnres_export.dtypes import BY_ONNX
 from attnres_export.errors import GraphError
 from attnres_export.graphs.onnx_utils import metadata
 
 EXPORT_KEY = "attnres.export"
-"""Metadata key written by attnres-export (same as attnres_export.exporter.export.EXPORT_KEY)."""
-
-ELEM_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+"""Model metadata written by attnres-export: how the file was exported (dtype, target, dim ranges: the defaults
+of ``attnres build``)."""
 
 
 def export_info(model: onnx.ModelProto) -> dict:
@@ -22,9 +21,12 @@ def export_info(model: onnx.ModelProto) -> dict:
     if not raw:
         return {}
     try:
-        return json.loads(raw)
+        info = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise GraphError(f"metadata {EXPORT_KEY!r} is not JSON ({exc.msg}); re-export the model") from exc
+    if not isinstance(info, dict):
+        raise GraphError(f"metadata {EXPORT_KEY!r} is not a JSON object; re-export the model")
+    return info
 
 
 def onnx_dtype(model: onnx.ModelProto) -> str:
@@ -34,8 +36,8 @@ def onnx_dtype(model: onnx.ModelProto) -> str:
         return recorded
     for value in model.graph.output:
         elem = value.type.tensor_type.elem_type
-        if elem in ELEM_DTYPES:
-            return ELEM_DTYPES[elem]
+        if elem in BY_ONNX:
+            return BY_ONNX[elem].name
     raise GraphError("cannot tell the ONNX's dtype (no attnres.export metadata, no float output); re-export it")
 
 

@@ -6,14 +6,30 @@ from collections.abc import Iterable
 
 import onnx
 
-from attnres_export.ops.identity import DOMAIN
+from attnres_export.errors import GraphError
+from attnres_export.ops.opset import DOMAIN
+
+PROTOBUF_LIMIT = 2**31 - 1
+EXTERNAL_DATA_MARGIN = 64 << 20
+
+
+def needs_external_data(model: onnx.ModelProto) -> bool:
+    """Is ``model`` too close to protobuf's 2 GB limit to be serialized in one piece?"""
+    return model.ByteSize() > PROTOBUF_LIMIT - EXTERNAL_DATA_MARGIN
+
+
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A deep copy (transforms never change the caller's model)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
 
 
 def default_opset(model: onnx.ModelProto) -> int:
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
             return entry.version
-    raise ValueError("model imports no default-domain opset")
+    raise GraphError("the model imports no default-domain opset; is it a valid ONNX model?")
 
 
 def set_domain_import(model: onnx.ModelProto, domain: str, version: int | None) -> None:
@@ -27,13 +43,6 @@ def set_domain_import(model: onnx.ModelProto, domain: str, version: int | None) 
 
 def attnres_nodes(graph: onnx.GraphProto, domain: str = DOMAIN) -> list[onnx.NodeProto]:
     return [n for n in graph.node if n.domain == domain]
-
-
-def attribute(node: onnx.NodeProto, name: str, default=None):
-    for attr in node.attribute:
-        if attr.name == name:
-            return onnx.helper.get_attribute_value(attr)
-    return default
 
 
 def replace_nodes(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> None:

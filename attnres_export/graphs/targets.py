@@ -1,4 +1,5 @@
-"""Targets of an exported model (SPEC 4): ``tensorrt``, ``portable`` and ``ort-trt``, and conversions between them."""
+"""Targets of an exported model (docs/op-set.md#targets): ``tensorrt``, ``portable`` and ``ort-trt``, and
+conversions between them."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import onnx
 from onnx import helper as oh
 
 from attnres_export.errors import GraphError
-from attnres_export.graphs.decompose import decompose_aggregate
-from attnres_export.graphs.decompose_attention import decompose_residual_attention
 from attnres_export.graphs.onnx_utils import (
     attnres_nodes,
-    attribute,
+    copy_model,
     default_opset,
     metadata,
     replace_nodes,
@@ -20,17 +19,11 @@ from attnres_export.graphs.onnx_utils import (
     set_metadata,
     unique_namer,
 )
-from attnres_export.graphs.optional_inputs import compact_all, expand, is_attention
 from attnres_export.graphs.types import value_types
-from attnres_export.ops.identity import (
-    AGGREGATE,
-    DOMAIN,
-    OPSET_VERSION,
-    ORT_TRT_DOMAIN,
-    PLUGIN_NAMESPACE,
-    PLUGIN_VERSION,
-    RESIDUAL_ATTENTION,
-)
+from attnres_export.graphs.validate import validate_attnres_nodes
+from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
+from attnres_export.ops.onnx_nodes import attribute
+from attnres_export.ops.opset import DOMAIN, OPSET_VERSION, ORT_TRT_DOMAIN
 
 TARGETS = ("tensorrt", "portable", "ort-trt")
 PORTABLE_KEY = "attnres.portable_nodes"
@@ -39,10 +32,6 @@ PORTABLE_KEY = "attnres.portable_nodes"
 One record per node: ``name``, ``op_type``, ``inputs`` (``""`` for an absent optional input), ``outputs`` and
 ``attributes`` (all but the plugin ones, which are re-added)."""
 
-_DECOMPOSITIONS = {AGGREGATE: (decompose_aggregate, 1), RESIDUAL_ATTENTION: (decompose_residual_attention, 0)}
-"""Op type -> (decomposition, index of the input whose type is the storage type)."""
-
-_PLUGIN_ATTRIBUTES = ("plugin_version", "plugin_namespace")
 
 
 def detect_target(model: onnx.ModelProto) -> str:
@@ -56,8 +45,8 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     """A copy of ``model`` written for ``target``."""
     if target not in TARGETS:
         raise GraphError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    validate_attnres_nodes(model)
+    out = copy_model(model)
     source = detect_target(out)
     if source == "ort-trt":
         _move_domain(out, ORT_TRT_DOMAIN, DOMAIN)
@@ -67,7 +56,8 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     if target == "portable":
         _decompose(out)
         return out
-    compact_all(out.graph)
+    for node in attnres_nodes(out.graph):
+        OPS[node.op_type].compact(node)
     if target == "ort-trt":
         _move_domain(out, DOMAIN, ORT_TRT_DOMAIN)
     return out
@@ -76,12 +66,12 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
 def _fused_node(record: dict) -> onnx.NodeProto:
     return oh.make_node(
         record["op_type"], record["inputs"], record["outputs"], name=record["name"], domain=DOMAIN,
-        **record["attributes"], plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
+        **record["attributes"], **PLUGIN_ATTRIBUTES,
     )
 
 
 def _record(node: onnx.NodeProto) -> dict:
-    attributes = {a.name: attribute(node, a.name) for a in node.attribute if a.name not in _PLUGIN_ATTRIBUTES}
+    attributes = {a.name: attribute(node, a.name) for a in node.attribute if a.name not in PLUGIN_ATTRIBUTES}
     return {"name": node.name, "op_type": node.op_type, "inputs": list(node.input), "outputs": list(node.output),
             "attributes": attributes}
 
@@ -99,14 +89,15 @@ def _decompose(model: onnx.ModelProto) -> None:
         if node.domain != DOMAIN:
             nodes.append(node)
             continue
-        if node.op_type not in _DECOMPOSITIONS:
-            raise GraphError(f"node {node.name!r}: no portable decomposition for attnres op {node.op_type!r}")
+        op = OPS[node.op_type]
+        if opset < op.min_opset:
+            raise GraphError(f"the portable decomposition of {op.op_type} needs default opset >= {op.min_opset}, "
+                             f"the model has {opset}; re-export with --opset {op.min_opset} or later")
         if not node.name:
             node.name = f"{node.op_type}_{index}"
-        if is_attention(node):
-            expand(node)
-        decomposition, storage_input = _DECOMPOSITIONS[node.op_type]
-        nodes.extend(decomposition(node, types[node.input[storage_input]], opset, fresh))
+        op.expand(node)
+        inputs = op.canonical_inputs(node)
+        nodes.extend(op.decompose(node, inputs, types[inputs[op.storage_input]], opset, fresh))
         records.append(_record(node))
     replace_nodes(graph, nodes)
     set_domain_import(model, DOMAIN, None)

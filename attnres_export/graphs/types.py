@@ -1,48 +1,65 @@
-"""Element types of every value in a graph, including the outputs of attnres nodes (which onnx cannot infer)."""
+"""Element types and static shapes of every value in a graph, including the outputs of attnres nodes (which onnx
+cannot infer): shape inference runs on a proxy graph where each attnres node is replaced by standard ops."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import onnx
 from onnx import helper as oh
 
-from attnres_export.ops.identity import AGGREGATE, DOMAIN, ORT_TRT_DOMAIN, RESIDUAL_ATTENTION
+from attnres_export.graphs.onnx_utils import copy_model
+from attnres_export.ops.descriptors import Shape, descriptor_of, is_attnres
 
 
-def value_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Map value name -> ``TensorProto`` element type, by shape inference on a proxy graph.
+@dataclass(frozen=True)
+class ValueInfo:
+    elem_type: int
+    shape: Shape
 
-    The proxy replaces each attnres node by standard ops with the same output types (``_proxy``).
+
+def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
+    """Map value name -> element type and static shape (proxy outputs have no shape; inputs and initializers do).
+
+    Call only on a model whose attnres nodes passed ``node_problems`` (the proxy reads their inputs).
     """
-    proxy = onnx.ModelProto()
-    proxy.CopyFrom(model)
+    proxy = copy_model(model)
     nodes = []
     for node in proxy.graph.node:
-        if node.domain in (DOMAIN, ORT_TRT_DOMAIN):
-            nodes.extend(_proxy(node))
-        else:
-            nodes.append(node)
+        nodes.extend(_proxy(node) if is_attnres(node) else [node])
     del proxy.graph.node[:]
     proxy.graph.node.extend(nodes)
     del proxy.graph.value_info[:]
     del proxy.functions[:]
     inferred = onnx.shape_inference.infer_shapes(proxy, data_prop=False)
-    types: dict[str, int] = {}
+    infos: dict[str, ValueInfo] = {}
     for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
-            types[value.name] = value.type.tensor_type.elem_type
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.elem_type:
+            shape = tuple(d.dim_value or None for d in tensor.shape.dim) if tensor.HasField("shape") else None
+            infos[value.name] = ValueInfo(tensor.elem_type, shape)
     for init in model.graph.initializer:
-        types[init.name] = init.data_type
-    return types
+        infos[init.name] = ValueInfo(init.data_type, tuple(init.dims))
+    return infos
+
+
+def value_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Map value name -> ``TensorProto`` element type."""
+    return {name: info.elem_type for name, info in value_infos(model).items()}
 
 
 def _proxy(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """Standard nodes producing ``node``'s outputs with their element types (shapes are not preserved)."""
-    if node.op_type == AGGREGATE:
-        return [oh.make_node("Identity", [node.input[1]], [node.output[0]], name=node.name)]
-    if node.op_type == RESIDUAL_ATTENTION:
-        proxies = [oh.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)]
-        if len(node.output) > 1 and node.output[1]:
-            proxies.append(oh.make_node("Cast", [node.input[0]], [node.output[1]], name=f"{node.name}/scores",
+    """Standard nodes producing ``node``'s outputs with their element types (shapes are not preserved):
+    storage-typed outputs copy the first storage input, float32 outputs are a Cast of it."""
+    op = descriptor_of(node)
+    storage = op.canonical_inputs(node)[op.storage_input]
+    proxies = []
+    for spec, output in zip(op.outputs, node.output, strict=False):
+        if not output:
+            continue
+        if spec.storage:
+            proxies.append(oh.make_node("Identity", [storage], [output], name=f"{node.name}/{spec.name}"))
+        else:
+            proxies.append(oh.make_node("Cast", [storage], [output], name=f"{node.name}/{spec.name}",
                                         to=onnx.TensorProto.FLOAT))
-        return proxies
-    raise ValueError(f"node {node.name!r}: unknown attnres op {node.op_type!r}")
+    return proxies

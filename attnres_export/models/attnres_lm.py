@@ -1,4 +1,5 @@
-"""``AttnResLM``: the reference decoder-only LM of SPEC 2, with AttnRes (Full/Block) or standard residuals.
+"""``AttnResLM`` (docs/models.md#attnreslm): the reference decoder-only LM, with AttnRes (Full/Block) or standard
+residuals.
 
 One readable file: the math is visible. Every depth aggregation goes through ``attnres::aggregate`` so the
 exporter sees exactly one op per aggregation.
@@ -36,8 +37,8 @@ class RMSNorm(nn.Module):
 class KeepFloat32(nn.Module):
     """A module whose parameters and buffers stay float32 under ``.half()``/``.to(dtype)``.
 
-    Aggregation weights and rotary tables are folded and applied in float32 (SPEC 1.2, 2), so a float16
-    or bfloat16 export must not round them; device moves still apply.
+    Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
+    float16 or bfloat16 export must not round them; device moves still apply.
     """
 
     def _apply(self, fn, recurse=True):
@@ -53,7 +54,7 @@ class KeepFloat32(nn.Module):
 
 
 class DepthAggregation(KeepFloat32):
-    """One AttnRes aggregation: pseudo-query ``query`` and key-norm gain ``norm.weight`` (SPEC 1.2)."""
+    """One AttnRes aggregation: pseudo-query ``query`` and key-norm gain ``norm.weight`` (docs/op-set.md)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -151,7 +152,7 @@ class Layer(nn.Module):
 
 
 class AttnResLM(nn.Module):
-    """Decoder-only LM of SPEC 2; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
+    """Decoder-only LM of docs/models.md#attnreslm; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
 
     input_axes: ClassVar[dict[str, dict[int, str]]] = {"input_ids": {0: "batch", 1: "seq"}}
     output_names = ("logits",)
@@ -188,7 +189,7 @@ class AttnResLM(nn.Module):
         return h
 
     def _attnres(self, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Block AttnRes (SPEC 1.4); ``block_size = 0`` is Full AttnRes (every sublayer its own block)."""
+        """Block AttnRes (docs/models.md#block-attnres); ``block_size = 0`` is Full AttnRes (one block per sublayer)."""
         size = self.config.block_size or 1
         last = self.config.n_sublayers - 1
         blocks: list[torch.Tensor] = [emb]

@@ -1,4 +1,4 @@
-"""Checkpoint read/write in the SPEC 2 format, loaded with ``weights_only=True``: no code runs on load."""
+"""Checkpoint read/write (docs/models.md#checkpoint-format), loaded with ``weights_only=True``: no code runs on load."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnres_export.atomic import atomic_write
 from attnres_export.errors import CheckpointError
-from attnres_export.io import atomic_write
 from attnres_export.models.config import ModelConfig
 
 FORMAT = "attnres-checkpoint"
@@ -62,7 +62,8 @@ def _read_payload(path: Path) -> dict:
             raise CheckpointError(f"{path}: not a PyTorch checkpoint (corrupted, or another format)") from exc
         raise CheckpointError(
             f"{path}: holds pickled Python objects ({found.group(1)}), which attnres does not unpickle since "
-            "that can run arbitrary code; save {'format', 'version', 'config', 'state_dict'} as in SPEC 2 "
+            "that can run arbitrary code; save {'format', 'version', 'config', 'state_dict'} "
+            "(docs/models.md#checkpoint-format) "
             "(attnres_export.models.save_checkpoint)"
         ) from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:

@@ -13,7 +13,7 @@ RESIDUALS = ("attnres", "standard")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a reference model (SPEC 2 and 3)."""
+    """Hyper-parameters of a reference model (docs/models.md)."""
 
     arch: str = "attnres-lm"
     vocab_size: int = 256

@@ -1,4 +1,5 @@
-"""Randomly initialised reference checkpoints for examples and tests (non-zero pseudo-queries, SPEC 1.2)."""
+"""Randomly initialised reference checkpoints for examples and tests (random, non-zero
+pseudo-queries: with zero ones every aggregation is a plain mean)."""
 
 from __future__ import annotations
 

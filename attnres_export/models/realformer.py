@@ -1,4 +1,4 @@
-"""``RealFormer``: the reference BERT-style Post-LN encoder with residual attention scores (SPEC 3).
+"""``RealFormer``: the reference BERT-style Post-LN encoder with residual attention scores (docs/models.md#realformer).
 
 One readable file: the math is visible. Every attention goes through ``attnres::residual_score_attention``
 so the exporter sees exactly one op per layer; the op returns the running score sum that the next layer
@@ -18,7 +18,7 @@ from attnres_export.models.config import ModelConfig
 from attnres_export.ops.residual_attention import residual_score_attention
 
 MASK_BIAS = -10000.0
-"""Additive logit bias of a padding key (BERT's convention, SPEC 3)."""
+"""Additive logit bias of a padding key (BERT's convention, docs/models.md#realformer)."""
 
 
 class LayerNorm(nn.LayerNorm):
@@ -47,7 +47,7 @@ class Embeddings(nn.Module):
 
 
 class ResidualScoreAttention(nn.Module):
-    """Multi-head attention whose raw scores add the previous layer's running sum (SPEC 3)."""
+    """Multi-head attention whose raw scores add the previous layer's running sum (docs/models.md#realformer)."""
 
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -111,7 +111,7 @@ def padding_bias(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class RealFormer(nn.Module):
-    """Encoder of SPEC 3; ``forward(input_ids [B,T], attention_mask [B,T]) -> hidden [B,T,D]`` float32."""
+    """Encoder of docs/models.md#realformer: ``forward(input_ids, attention_mask [B,T]) -> hidden [B,T,D]`` float32."""
 
     input_axes: ClassVar[dict[str, dict[int, str]]] = {
         "input_ids": {0: "batch", 1: "seq"},

@@ -1,4 +1,4 @@
-"""``attnres::aggregate``: one depth aggregation (SPEC 1.2) as a PyTorch custom op.
+"""``attnres::aggregate``: one depth aggregation (docs/op-set.md#attnresaggregate) as a PyTorch custom op.
 
 The model calls this op for every aggregation so that the exporter sees one node per aggregation,
 whatever the surrounding code looks like. The reference math lives here and only here.
@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
-from attnres_export.ops.identity import MAX_SOURCES
+from attnres_export.ops.opset import MAX_SOURCES
 
 
 def attnres_aggregate_reference(
     score_weight: torch.Tensor, sources: Sequence[torch.Tensor], eps: float
 ) -> torch.Tensor:
-    """SPEC 1.2 in float32 arithmetic; the result has the sources' dtype.
+    """docs/op-set.md#attnresaggregate in float32 arithmetic; the result has the sources' dtype.
 
     ``score_weight`` is the folded ``gain * query`` (``[D]``); every source is ``[..., D]``.
     """
@@ -48,7 +48,7 @@ def _check_operands(score_weight: torch.Tensor, sources: Sequence[torch.Tensor])
 
 @torch.library.custom_op("attnres::aggregate", mutates_args=())
 def attnres_aggregate(score_weight: torch.Tensor, sources: list[torch.Tensor], eps: float) -> torch.Tensor:
-    """Softmax-weighted sum of ``sources`` over depth (SPEC 1.2)."""
+    """Softmax-weighted sum of ``sources`` over depth (docs/op-set.md#attnresaggregate)."""
     return attnres_aggregate_reference(score_weight, sources, eps)
 
 

@@ -1,4 +1,5 @@
-"""ResidualScoreAttention written in standard ONNX ops (the ``portable`` target, SPEC 4).
+"""ResidualScoreAttention written in standard ONNX ops: the ``portable`` target
+(docs/op-set.md#residualscoreattention).
 
 ``MatMul(q, k^T)`` and ``Mul(scale)``, ``Add(prev_scores)`` (the ``scores`` output), ``Div(logit_divisor)``,
 ``Add(mask_bias)``, ``Softmax`` over the keys and ``MatMul(p, v)``, all in float32 with a Cast back: the same
@@ -8,51 +9,30 @@ order of operations as the PyTorch and NumPy references.
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import attribute
-
-MIN_OPSET = 17
+from attnres_export.ops.onnx_nodes import Fresh, NodeBuilder, attribute
 
 
-def decompose_residual_attention(
-    node: onnx.NodeProto, storage_type: int, opset: int, fresh
-) -> list[onnx.NodeProto]:
-    """Nodes computing ``node``'s outputs from its inputs; every new node is named ``<node.name>/...``."""
-    if opset < MIN_OPSET:
-        raise ValueError(f"the portable decomposition needs default opset >= {MIN_OPSET}, the model has {opset}")
-    prefix = node.name
-    q, k, v, prev, mask = (*node.input, "", "")[:5]
+def decompose_residual_attention(node: onnx.NodeProto, inputs: list[str], storage_type: int, opset: int,
+                                 fresh: Fresh) -> list[onnx.NodeProto]:
+    """Nodes computing ``node``'s outputs from ``inputs`` (q, k, v, prev_scores, mask_bias; ``""`` when absent)."""
+    b = NodeBuilder(node.name, fresh)
+    q, k, v, prev, mask = inputs
     out_name, scores_name = (*node.output, "")[:2]
-    out: list[onnx.NodeProto] = []
 
-    def add(op: str, inputs: list[str], hint: str, **attrs) -> str:
-        output = fresh(hint)
-        out.append(oh.make_node(op, inputs, [output], name=f"{prefix}/{hint}_{len(out)}", **attrs))
-        return output
-
-    def scalar(hint: str, value: float) -> str:
-        return add("Constant", [], hint, value=oh.make_tensor(hint, TensorProto.FLOAT, [], [value]))
-
-    def as_float(name: str, hint: str) -> str:
-        return name if storage_type == TensorProto.FLOAT else add("Cast", [name], hint, to=TensorProto.FLOAT)
-
-    key_t = add("Transpose", [as_float(k, "k_f32")], "k_t", perm=[0, 1, 3, 2])
-    raw = add("MatMul", [as_float(q, "q_f32"), key_t], "qk")
-    scores = add("Mul", [raw, scalar("scale", float(attribute(node, "scale")))], "scaled")
+    key_t = b.one("Transpose", [b.as_float(k, storage_type, "k_f32")], "k_t", perm=[0, 1, 3, 2])
+    raw = b.one("MatMul", [b.as_float(q, storage_type, "q_f32"), key_t], "qk")
+    scores = b.one("Mul", [raw, b.scalar("scale", float(attribute(node, "scale")))], "scaled")
     if prev:
-        scores = add("Add", [scores, prev], "scores")
+        scores = b.one("Add", [scores, prev], "scores")
     divisor = float(attribute(node, "logit_divisor"))
-    logits = scores if divisor == 1.0 else add("Div", [scores, scalar("divisor", divisor)], "logits")
+    logits = scores if divisor == 1.0 else b.one("Div", [scores, b.scalar("divisor", divisor)], "logits")
     if mask:
-        logits = add("Add", [logits, mask], "masked")
-    probs = add("Softmax", [logits], "probs", axis=-1)
-    mixed = add("MatMul", [probs, as_float(v, "v_f32")], "mixed")
+        logits = b.one("Add", [logits, mask], "masked")
+    probs = b.one("Softmax", [logits], "probs", axis=-1)
+    mixed = b.one("MatMul", [probs, b.as_float(v, storage_type, "v_f32")], "mixed")
     if scores_name:
-        out.append(oh.make_node("Identity", [scores], [scores_name], name=f"{prefix}/scores_out"))
-    if storage_type == TensorProto.FLOAT:
-        out.append(oh.make_node("Identity", [mixed], [out_name], name=f"{prefix}/out"))
-    else:
-        out.append(oh.make_node("Cast", [mixed], [out_name], name=f"{prefix}/out", to=storage_type))
-    return out
+        b.nodes.append(oh.make_node("Identity", [scores], [scores_name], name=f"{node.name}/scores_out"))
+    b.finish(mixed, out_name, storage_type)
+    return b.nodes

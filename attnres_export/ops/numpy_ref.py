@@ -8,14 +8,14 @@ import numpy as np
 
 
 def attnres_aggregate_numpy(score_weight: np.ndarray, sources: Sequence[np.ndarray], eps: float) -> np.ndarray:
-    """SPEC 1.2 in float32 arithmetic; the result has the sources' dtype."""
+    """docs/op-set.md#attnresaggregate in float32 arithmetic; the result has the sources' dtype."""
     return attnres_aggregate_numpy_in(np.float32, score_weight, sources, eps).astype(sources[0].dtype)
 
 
 def attnres_aggregate_numpy_in(
     compute_dtype: type, score_weight: np.ndarray, sources: Sequence[np.ndarray], eps: float
 ) -> np.ndarray:
-    """SPEC 1.2 computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
+    """docs/op-set.md#attnresaggregate computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
     stacked = np.stack([np.asarray(s, dtype=compute_dtype) for s in sources], axis=0)
     sw = np.asarray(score_weight, dtype=compute_dtype)
     inv_rms = 1.0 / np.sqrt(np.mean(stacked * stacked, axis=-1) + compute_dtype(eps))
@@ -35,7 +35,7 @@ def residual_score_attention_numpy(
     scale: float,
     logit_divisor: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC 3 in float32: ``out`` in q's dtype and ``scores`` float32 (scale*QK^T + prev, pre-mask)."""
+    """docs/op-set.md#residualscoreattention in float32: ``out`` in q's dtype, ``scores`` float32 (pre-mask)."""
     out, scores = residual_score_attention_numpy_in(
         np.float32, q, k, v, prev_scores, mask_bias, scale, logit_divisor
     )
@@ -52,7 +52,7 @@ def residual_score_attention_numpy_in(
     scale: float,
     logit_divisor: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC 3 computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
+    """docs/models.md#realformer computed in ``compute_dtype`` (float32 for the op, float64 for error bounds)."""
     qf, kf, vf = (np.asarray(t, dtype=compute_dtype) for t in (q, k, v))
     scores = (qf @ np.swapaxes(kf, -1, -2)) * compute_dtype(scale)
     if prev_scores is not None:

@@ -1,4 +1,5 @@
-"""The identity of the attnres op set, defined once for PyTorch, ONNX and TensorRT."""
+"""The identity of the attnres op set, defined once for PyTorch, ONNX and TensorRT (docs/op-set.md); each op's
+inputs, attributes and math are its descriptor (``ops/descriptors.py``)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,11 @@ ORT_TRT_DOMAIN = "trt.plugins"
 """The only domain ONNX Runtime's TensorRT execution provider hands to TensorRT plugins."""
 
 AGGREGATE = "AttnResAggregate"
-"""Op type of one depth aggregation (SPEC 1.2); also the TensorRT plugin name."""
+"""Op type of one depth aggregation (docs/op-set.md#attnresaggregate); also the TensorRT plugin name."""
 
 MAX_SOURCES = 256
 """Most sources one AttnResAggregate node takes."""
 
 RESIDUAL_ATTENTION = "ResidualScoreAttention"
-"""Op type of one RealFormer attention with residual scores (SPEC 3, 4); also the TensorRT plugin name."""
-
-FUSED_OP_TYPES = (AGGREGATE, RESIDUAL_ATTENTION)
-"""Every op type the attnres domain defines."""
+"""Op type of one RealFormer attention with residual scores (docs/op-set.md#residualscoreattention); also the
+TensorRT plugin name."""

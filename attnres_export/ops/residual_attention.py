@@ -1,4 +1,5 @@
-"""``attnres::residual_score_attention``: one RealFormer attention (SPEC 3, 4) as a PyTorch custom op.
+"""``attnres::residual_score_attention``: one RealFormer attention (docs/op-set.md#residualscoreattention) as a
+PyTorch custom op.
 
 The model calls this op for every attention layer so that the exporter sees one node per layer. The op
 returns the head outputs and the running sum of raw scores (pre-mask, pre-divisor), which the next layer
@@ -19,7 +20,7 @@ def residual_score_attention_reference(
     scale: float,
     logit_divisor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC 3 in float32 arithmetic: ``(out [B,H,Tq,dv]`` in q's dtype, ``scores [B,H,Tq,Tk]`` float32)."""
+    """The op in float32 arithmetic: ``(out [B,H,Tq,dv]`` in q's dtype, ``scores [B,H,Tq,Tk]`` float32)."""
     _check_operands(q, k, v, prev_scores)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     if prev_scores is not None:

@@ -1,4 +1,5 @@
-"""Two-phase Block AttnRes inference (SPEC 1.5): reference math of the later kernel optimisation.
+"""Two-phase Block AttnRes inference (docs/models.md#two-phase-inference): reference math of a later kernel
+optimisation.
 
 Phase 1 attends, once per block, with every query of the block over the completed blocks; phase 2 merges
 the block's running partial sum per sublayer. Exact: equal to the direct softmax over all sources.

@@ -1,4 +1,4 @@
-"""Error metrics and pass bars of SPEC 6: always against the float32 PyTorch reference."""
+"""Error metrics and pass bars (docs/parity.md): always against the float32 PyTorch reference."""
 
 from __future__ import annotations
 
@@ -6,40 +6,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from attnres_export.errors import AttnresError
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Pass bar: relative L2 at most ``rel_l2`` and cosine similarity at least ``cosine``."""
-
-    rel_l2: float
-    cosine: float
-
-
-DEFAULT_TOLERANCES = {
-    "float32": Tolerance(1e-5, 0.999999),
-    "float16": Tolerance(5e-3, 0.9999),
-    "bfloat16": Tolerance(2e-2, 0.999),
-}
+from attnres_export.dtypes import STORAGE_TYPES, Tolerance
 
 
 def tolerance_for(dtype: str, overrides: dict[str, Tolerance] | None = None) -> Tolerance:
+    """The pass bar of ``dtype``: an override, else the default of docs/parity.md#pass-bars."""
     if overrides and dtype in overrides:
         return overrides[dtype]
-    return DEFAULT_TOLERANCES[dtype]
-
-
-def parse_tolerance(text: str) -> tuple[str, Tolerance]:
-    """``NAME:rel_l2:cosine`` (NAME a dtype) as given to ``--tol``."""
-    parts = text.split(":")
-    try:
-        name, rel, cos = parts[0], float(parts[1]), float(parts[2])
-    except (IndexError, ValueError):
-        raise AttnresError(f"--tol {text!r}: expected NAME:rel_l2:cosine, e.g. float16:5e-3:0.9999") from None
-    if len(parts) != 3 or name not in DEFAULT_TOLERANCES:
-        raise AttnresError(f"--tol {text!r}: NAME must be one of {', '.join(DEFAULT_TOLERANCES)}")
-    return name, Tolerance(rel, cos)
+    return STORAGE_TYPES[dtype].tolerance
 
 
 @dataclass(frozen=True)

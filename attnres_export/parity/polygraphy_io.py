@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnres_export.io import atomic_write, write_text_atomic
+from attnres_export.atomic import atomic_write, write_text_atomic
 
 INPUTS_FILE = "inputs.json"
 OUTPUTS_FILE = "outputs.json"

@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
-from attnres_export.io import write_text_atomic
-from attnres_export.parity.metrics import ErrorMetrics, Tolerance, compare
-from attnres_export.parity.runners import Runner
+from attnres_export.atomic import write_text_atomic
+from attnres_export.backends.base import Runner
+from attnres_export.dtypes import Tolerance
+from attnres_export.parity.metrics import ErrorMetrics, compare
 
 MISSING = ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False)
 """Metrics of an output the backend did not produce."""
@@ -54,22 +53,6 @@ class Report:
 
     def write_json(self, path: Path) -> None:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
-
-    def table(self, title: str = "Parity against the float32 PyTorch reference") -> Table:
-        table = Table(title=title)
-        for column in ("backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2", "cosine", "pass"):
-            table.add_column(column, justify="right" if column.startswith(("max", "rel", "cos")) else "left")
-        for check in self.checks:
-            for name, m in check.outputs.items():
-                table.add_row(
-                    check.backend, check.artifact, "x".join(map(str, check.shape)), name,
-                    f"{m.max_abs:.3g}", f"{m.max_rel:.3g}", f"{m.rel_l2:.3g}", f"{m.cosine:.9f}",
-                    "[green]yes[/green]" if m.ok else "[red]NO[/red]",
-                )
-        return table
-
-    def print(self, console: Console | None = None) -> None:
-        (console or Console()).print(self.table())
 
 
 def run_reference(reference: Runner, shapes: Sequence[tuple[int, ...]], make_feeds: FeedMaker

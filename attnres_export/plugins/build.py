@@ -18,6 +18,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnres_export.errors import PluginBuildError
+
 SOURCE_DIR = Path(__file__).resolve().parent
 """CMake project root: the sources inside the installed package."""
 
@@ -35,10 +37,6 @@ NVCC_FALLBACKS = ("/usr/local/cuda/bin/nvcc",)
 
 _TRT_INCLUDE_RE = re.compile(r"attnres: TensorRT include dir: (.+)")
 _TRT_VERSION_RE = re.compile(r"attnres: TensorRT headers version: ([0-9.]+)")
-
-
-class PluginBuildError(RuntimeError):
-    """A build step failed; the message is one line: what failed and how to fix it."""
 
 
 @dataclass(frozen=True)

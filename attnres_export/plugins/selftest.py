@@ -50,7 +50,7 @@ class Case:
 
 
 def correctness_cases(quick: bool) -> list[Case]:
-    """Every D, source count and row count of the brief, pruned where large shapes add nothing new."""
+    """Every D, source count and row count of the self-test plan, pruned where large shapes add nothing new."""
     ds = (64, 1001, 7168, 20000) if quick else (64, 1000, 1001, 4096, 7168, 16384, 20000)
     ns = (1, 9, 33) if quick else (1, 2, 9, 33)
     cases: list[Case] = []
@@ -149,7 +149,8 @@ def check_case(kernels: Kernels, case: Case, generator: torch.Generator) -> dict
 
 
 def check_gold(kernels: Kernels) -> dict:
-    """SPEC 6: D = 4, sources e0 and e1, sw = 2 e0, eps = 0 gives h = [0.98201379, 0.01798621, 0, 0]."""
+    """Gold check (docs/parity.md#gold-checks): D = 4, sources e0, e1, sw = 2 e0, eps = 0 give
+    h = [0.98201379, 0.01798621, 0, 0]."""
     sw = torch.tensor([2.0, 0.0, 0.0, 0.0], device="cuda")
     sources = [torch.tensor([[1.0, 0, 0, 0]], device="cuda"), torch.tensor([[0.0, 1, 0, 0]], device="cuda")]
     out = torch.full((1, 4), float("nan"), device="cuda")
@@ -219,7 +220,8 @@ def time_case(kernels: Kernels, case: Case, generator: torch.Generator, quick: b
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m attnres_export.plugins.selftest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m attnres_export.plugins.selftest",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes, bfloat16 timing only")
     parser.add_argument("--json", type=Path, help="write every result to this file")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")

@@ -8,12 +8,12 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
+from attnres_export.backends import plugin_library
+from attnres_export.backends.engine_manifest import write_manifest
+from attnres_export.backends.tensorrt_runner import TensorRTRunner
 from attnres_export.cli import app
-from attnres_export.engine import plugin_library
 from attnres_export.engine.builder import classify_layers
-from attnres_export.engine.manifest import write_manifest
 from attnres_export.errors import EngineError
-from attnres_export.parity.tensorrt_runner import TensorRTRunner
 from tests.engine.graphs import token_model
 from tests.engine.test_manifest import manifest
 

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from attnres_export.engine.manifest import EngineManifest, manifest_path, read_manifest, sha256_file, write_manifest
+from attnres_export.backends.engine_manifest import (
+    EngineManifest,
+    manifest_path,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
 from attnres_export.errors import EngineError
 
 

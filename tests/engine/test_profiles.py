@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from attnres_export.dims import DimRange
 from attnres_export.engine.profiles import derive_profile
 from attnres_export.errors import EngineError
-from attnres_export.exporter.ranges import DimRange
 from tests.engine.graphs import token_model
 
 

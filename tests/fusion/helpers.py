@@ -12,9 +12,12 @@ import numpy as np
 import onnx
 import torch
 
-from attnres_export.ops.identity import AGGREGATE, DOMAIN
-from attnres_export.parity.metrics import DEFAULT_TOLERANCES, compare
-from attnres_export.parity.runners import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.graphs.fusion import FusionResult, random_feeds
+from attnres_export.ops.opset import AGGREGATE, DOMAIN
+from attnres_export.parity.fusion_checks import fuse_and_check
+from attnres_export.parity.metrics import compare, tolerance_for
+from attnres_export.parity.report import Report
 from tests.fusion.foreign_models import example_ids
 
 
@@ -45,15 +48,20 @@ def _plain_onnx(cls: type[torch.nn.Module], opset: int) -> onnx.ModelProto:
     return program.model_proto
 
 
+def fuse(model: onnx.ModelProto, seed: int = 0) -> tuple[FusionResult, Report]:
+    """Fuse ``model`` on random feeds and check the fused model against it, as ``attnres fuse`` does."""
+    return fuse_and_check(model, random_feeds(model, seed), seed=seed)
+
+
 def fused_count(model: onnx.ModelProto) -> int:
     return sum(n.op_type == AGGREGATE and n.domain == DOMAIN for n in model.graph.node)
 
 
 def matches_torch(onnx_model: onnx.ModelProto, model: torch.nn.Module, batch: int = 3, seq: int = 6) -> bool:
-    """The ONNX model against the float32 PyTorch model at a shape it was not traced at (SPEC 6 float32 bar)."""
+    """The ONNX model against the float32 PyTorch model at a shape it was not traced at (docs/parity.md float32 bar)."""
     ids = example_ids(batch, seq, seed=1)
     with torch.inference_mode():
         expected = model(ids).numpy()
     with OnnxRuntimeRunner(onnx_model) as runner:
         got = next(iter(runner.infer({onnx_model.graph.input[0].name: ids.numpy()}).values()))
-    return compare(np.asarray(got), expected, DEFAULT_TOLERANCES["float32"]).ok
+    return compare(np.asarray(got), expected, tolerance_for("float32")).ok

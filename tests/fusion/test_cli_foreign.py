@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnres_export.cli import app
+from tests.conftest import slow_after
 from tests.fusion.foreign_models import POSITIVE, StackEinsumLM, TokenMajorLM
 from tests.fusion.helpers import fused_count, matches_torch, plain_onnx, save_program
 
@@ -20,7 +21,7 @@ def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
-@pytest.mark.parametrize("style", sorted(POSITIVE))
+@pytest.mark.parametrize("style", slow_after(sorted(POSITIVE)))
 def test_pt2_program_exports_with_one_fused_node_per_aggregation_and_matches_torch(style, tmp_path):
     model = POSITIVE[style]().eval()
     program = save_program(model, tmp_path / f"{style}.pt2")
@@ -34,6 +35,7 @@ def test_pt2_program_exports_with_one_fused_node_per_aggregation_and_matches_tor
     assert matches_torch(fused, model)
 
 
+@pytest.mark.slow
 def test_onnx_input_with_portable_target_has_no_attnres_nodes_and_passes_parity(tmp_path):
     source = tmp_path / "plain.onnx"
     onnx.save(plain_onnx(TokenMajorLM, opset=18), str(source))
@@ -66,6 +68,7 @@ def test_pickled_module_without_trust_pickle_is_refused_in_one_line_and_writes_n
     assert "Traceback" not in result.output and not out.exists()
 
 
+@pytest.mark.slow
 def test_pickled_module_with_trust_pickle_and_example_shape_is_fused(tmp_path):
     model = StackEinsumLM().eval()
     path = tmp_path / "whole.pt"

@@ -7,29 +7,35 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from attnres_export.graphs.fusion import fuse_model
+from tests.conftest import slow_after
 from tests.fusion.foreign_models import NEGATIVE, POSITIVE, StackEinsumLM
-from tests.fusion.helpers import fused_count, matches_torch, plain_onnx
+from tests.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx
 
 
-@pytest.mark.parametrize("style", sorted(POSITIVE))
+@pytest.mark.parametrize("style", slow_after(sorted(POSITIVE)))
 def test_plain_dynamo_export_at_opset_23_fuses_every_aggregation_and_matches_torch(style):
     model = POSITIVE[style]().eval()
-    result = fuse_model(plain_onnx(POSITIVE[style], opset=23))
+    result, parity = fuse(plain_onnx(POSITIVE[style], opset=23))
     assert [s.reason for s in result.sites if not s.fused] == []
     assert fused_count(result.model) == result.fused == model.aggregations
-    assert result.parity.ok
+    assert parity.ok
     assert matches_torch(result.model, model)
 
 
-def test_concatenations_that_only_fed_aggregations_are_removed():
-    fused = fuse_model(plain_onnx(StackEinsumLM, opset=18)).model
+@pytest.fixture(scope="module")
+def stack_einsum_fused() -> onnx.ModelProto:
+    """StackEinsumLM's plain export, fused once for the tests that only read the result."""
+    return fuse(plain_onnx(StackEinsumLM, opset=18))[0].model
+
+
+def test_concatenations_that_only_fed_aggregations_are_removed(stack_einsum_fused):
+    fused = stack_einsum_fused
     assert not [n for n in fused.graph.node if n.op_type in ("Concat", "Softmax", "Einsum")]
 
 
-def test_score_weights_are_the_folded_gain_times_query_for_every_source_count():
+def test_score_weights_are_the_folded_gain_times_query_for_every_source_count(stack_einsum_fused):
     model = StackEinsumLM().eval()
-    fused = fuse_model(plain_onnx(StackEinsumLM, opset=18)).model
+    fused = stack_einsum_fused
     inits = {i.name: numpy_helper.to_array(i) for i in fused.graph.initializer}
     nodes = [n for n in fused.graph.node if n.domain == "attnres"]
     expected = (model.gain * model.query).detach().numpy()
@@ -38,18 +44,19 @@ def test_score_weights_are_the_folded_gain_times_query_for_every_source_count():
         np.testing.assert_allclose(inits[node.input[0]], expected[i], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("style", sorted(NEGATIVE))
+@pytest.mark.parametrize("style", slow_after(sorted(NEGATIVE)))
 def test_non_attnres_softmaxes_are_left_alone(style):
     original = plain_onnx(NEGATIVE[style], opset=18)
-    result = fuse_model(original)
+    result, parity = fuse(original)
     assert result.fused == 0 and fused_count(result.model) == 0
     assert len(result.sites) == 5 and all(s.reason for s in result.sites)
     assert len(result.model.graph.node) == len(original.graph.node)
-    assert result.parity.ok
+    assert parity.ok
 
 
+@pytest.mark.slow
 def test_a_softmax_over_tokens_is_rejected_because_it_weighs_no_stack_of_sources():
-    result = fuse_model(plain_onnx(NEGATIVE["softmax-over-tokens"], opset=18))
+    result, _ = fuse(plain_onnx(NEGATIVE["softmax-over-tokens"], opset=18))
     assert {s.reason for s in result.sites} == {
         "the weighted tensor could not be traced to separate source tensors (not a stack)"}
 

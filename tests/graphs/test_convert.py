@@ -6,15 +6,15 @@ import numpy as np
 import onnx
 import pytest
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.errors import GraphError
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
 from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.targets import convert, detect_target
-from attnres_export.ops.identity import ORT_TRT_DOMAIN
-from attnres_export.parity.runners import OnnxRuntimeRunner
+from attnres_export.ops.opset import ORT_TRT_DOMAIN
 
 
-@pytest.fixture(scope="module", params=["float32", "float16"])
+@pytest.fixture(scope="module", params=["float32", pytest.param("float16", marks=pytest.mark.slow)])
 def exported(request, block2_checkpoint, tmp_path_factory) -> onnx.ModelProto:
     out = tmp_path_factory.mktemp("convert") / f"m_{request.param}.onnx"
     export_checkpoint(ExportOptions(block2_checkpoint, out, dtype=request.param, check=False))

@@ -9,10 +9,10 @@ import torch
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.graphs.targets import convert
 from attnres_export.ops import attnres_aggregate
-from attnres_export.parity.runners import OnnxRuntimeRunner
 
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

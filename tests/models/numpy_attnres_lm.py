@@ -1,4 +1,4 @@
-"""An independent NumPy implementation of AttnResLM written from SPEC 2 (float64), for checking the model."""
+"""An independent NumPy implementation of AttnResLM written from docs/models.md (float64), for checking the model."""
 
 from __future__ import annotations
 

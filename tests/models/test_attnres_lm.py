@@ -1,4 +1,4 @@
-"""AttnResLM is SPEC 2 exactly: checked against an independent NumPy implementation and the gold checks."""
+"""AttnResLM is docs/models.md exactly: checked against an independent NumPy implementation and the gold checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Checkpoints load only in the SPEC 2 format, with weights_only=True; anything else is refused in one line."""
+"""Checkpoints load only in the format of docs/models.md#checkpoint-format, with weights_only=True; anything
+else is refused in one line."""
 
 from __future__ import annotations
 

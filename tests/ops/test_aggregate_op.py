@@ -1,4 +1,4 @@
-"""The attnres::aggregate op against the independent NumPy reference and the SPEC 6 gold checks."""
+"""The attnres::aggregate op against the independent NumPy reference and the gold checks of docs/parity.md."""
 
 from __future__ import annotations
 

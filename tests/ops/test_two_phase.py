@@ -1,4 +1,5 @@
-"""SPEC 6 gold check: the two-phase merge (SPEC 1.5) equals the direct softmax over all sources."""
+"""Gold check (docs/parity.md#gold-checks): the two-phase merge (docs/models.md#two-phase-inference) equals the
+direct softmax over all sources."""
 
 from __future__ import annotations
 

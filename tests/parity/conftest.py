@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.ranges import DimRange
 from attnres_export.exporter.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
 from attnres_export.models import ModelConfig, save_checkpoint

@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner, cuda_provider_available
 from attnres_export.errors import ParityError
-from attnres_export.graphs.onnx_utils import attribute
-from attnres_export.parity.runners import OnnxRuntimeCudaRunner, OnnxRuntimeRunner, cuda_provider_available
+from attnres_export.ops.onnx_nodes import attribute
 
 
 def test_ort_trt_moves_every_fused_node_to_trt_plugins_keeping_attributes(artifacts):

@@ -7,9 +7,10 @@ import json
 import numpy as np
 from rich.console import Console
 
-from attnres_export.parity.metrics import DEFAULT_TOLERANCES, ErrorMetrics, compare
+from attnres_export.backends.base import Runner
+from attnres_export.cli.render import report_table
+from attnres_export.parity.metrics import ErrorMetrics, compare, tolerance_for
 from attnres_export.parity.report import Check, Report, run_checks
-from attnres_export.parity.runners import Runner
 
 GOOD = ErrorMetrics(1e-7, 1e-6, 1e-7, 1.0, True)
 BAD = ErrorMetrics(0.5, 2.0, 0.3, 0.95, False)
@@ -27,7 +28,7 @@ class FixedRunner(Runner):
 
 def render(report: Report) -> str:
     console = Console(width=200, record=True)
-    console.print(report.table())
+    console.print(report_table(report))
     return console.export_text()
 
 
@@ -58,7 +59,7 @@ def test_run_checks_applies_each_runners_bar_against_the_reference():
     def feeds(shape):
         return {"x": np.random.default_rng(list(shape)).standard_normal(shape).astype(np.float32)}
 
-    tol16 = DEFAULT_TOLERANCES["float16"]
+    tol16 = tolerance_for("float16")
     report = run_checks(FixedRunner(1.0, "ref"), [(FixedRunner(1.0 + 1e-4, "close"), "float16", tol16),
                                                  (FixedRunner(1.1, "far"), "float16", tol16)], [(2, 3)], feeds)
     assert [c.ok for c in report.checks] == [True, False]
@@ -67,4 +68,4 @@ def test_run_checks_applies_each_runners_bar_against_the_reference():
 def test_nan_output_fails_even_when_metrics_would_pass():
     ref = np.ones(4)
     out = np.array([1.0, 1.0, 1.0, np.nan])
-    assert not compare(out, ref, DEFAULT_TOLERANCES["bfloat16"]).ok
+    assert not compare(out, ref, tolerance_for("bfloat16")).ok

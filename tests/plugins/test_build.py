@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from attnres_export.cli.app import plugin_app
+from attnres_export.errors import PluginBuildError
 from attnres_export.plugins import build
-from attnres_export.plugins.cli import plugin_app
 
 NVCC = shutil.which("nvcc") or next((p for p in build.NVCC_FALLBACKS if Path(p).is_file()), None)
 
@@ -34,7 +35,7 @@ def test_hash_changes_when_a_source_or_option_changes(tmp_path: Path) -> None:
 
 def test_missing_cmake_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
-    with pytest.raises(build.PluginBuildError, match="cmake not found: install CMake"):
+    with pytest.raises(PluginBuildError, match="cmake not found: install CMake"):
         build.build_plugins(kernels_only=True)
 
 
@@ -42,14 +43,14 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDACXX", raising=False)
     monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/cmake" if name == "cmake" else None)
     monkeypatch.setattr(build, "NVCC_FALLBACKS", ())
-    with pytest.raises(build.PluginBuildError, match="nvcc not found: install the CUDA toolkit or set CUDACXX"):
+    with pytest.raises(PluginBuildError, match="nvcc not found: install the CUDA toolkit or set CUDACXX"):
         build.build_plugins(kernels_only=True)
 
 
 def test_bad_arch_list_is_rejected() -> None:
     assert build.normalize_archs("80, 86;90") == "80;86;90"
     assert build.normalize_archs(None) == build.DEFAULT_CUDA_ARCHS
-    with pytest.raises(build.PluginBuildError, match="bad CUDA architecture"):
+    with pytest.raises(PluginBuildError, match="bad CUDA architecture"):
         build.normalize_archs("sm_90")
 
 
@@ -97,6 +98,7 @@ def kernels_build(tmp_path_factory: pytest.TempPathFactory) -> build.BuildResult
     return build.build_plugins(out_dir=out, cuda_archs="80-real;86-real;89-real;90", kernels_only=True)
 
 
+@pytest.mark.slow
 def test_kernels_library_builds_for_sm80_to_sm90_and_exports_c_abi(kernels_build: build.BuildResult) -> None:
     lib = kernels_build.kernels
     assert lib.is_file()
@@ -113,6 +115,7 @@ def test_kernels_library_builds_for_sm80_to_sm90_and_exports_c_abi(kernels_build
             assert arch in cubins.stdout
 
 
+@pytest.mark.slow
 def test_cached_build_is_reused(kernels_build: build.BuildResult) -> None:
     again = build.build_plugins(
         out_dir=kernels_build.out_dir, cuda_archs="80-real;86-real;89-real;90", kernels_only=True

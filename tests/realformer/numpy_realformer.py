@@ -1,4 +1,4 @@
-"""An independent NumPy RealFormer written from SPEC 3 (float64), sharing no code with attnres_export.models."""
+"""An independent NumPy RealFormer written from docs/models.md#realformer (float64), sharing no code with it."""
 
 from __future__ import annotations
 

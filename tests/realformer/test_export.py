@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.torch_runner import TorchRunner
 from attnres_export.cli import app
+from attnres_export.dims import DimRange
 from attnres_export.errors import CheckpointError
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.ranges import DimRange
-from attnres_export.graphs.onnx_utils import attnres_nodes, attribute
+from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.types import value_types
 from attnres_export.models import load_checkpoint
 from attnres_export.models.checkpoint import FORMAT, VERSION
 from attnres_export.ops import RESIDUAL_ATTENTION
-from attnres_export.parity.runners import OnnxRuntimeRunner, TorchRunner
+from attnres_export.ops.onnx_nodes import attribute
+from tests.conftest import slow_after
 
 ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
         "bfloat16": onnx.TensorProto.BFLOAT16}
@@ -28,8 +33,8 @@ def _export(checkpoint, out, **options):
                                            **options))
 
 
-@pytest.mark.parametrize("target", ["tensorrt", "portable"])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(("dtype", "target"), slow_after([(d, t) for d in ("float32", "float16", "bfloat16")
+                                                         for t in ("tensorrt", "portable")]))
 def test_export_matches_pytorch_on_onnx_runtime(realformer_checkpoint, tmp_path, dtype, target) -> None:
     out = tmp_path / "rf.onnx"
     result = _export(realformer_checkpoint, out, target=target, dtype=dtype)
@@ -47,13 +52,18 @@ def test_export_matches_pytorch_on_onnx_runtime(realformer_checkpoint, tmp_path,
     assert len(attnres_nodes(model.graph)) == (2 if target == "tensorrt" else 0)
 
 
-def test_tensorrt_export_chains_scores_and_writes_only_present_inputs_for_the_parser(realformer_checkpoint,
-                                                                                     tmp_path) -> None:
+@pytest.fixture(scope="module")
+def float16_export(realformer_checkpoint, tmp_path_factory) -> Path:
+    """The float16 tensorrt-target export, made once for the tests that read it."""
+    out = tmp_path_factory.mktemp("rf16") / "rf.tensorrt.onnx"
+    _export(realformer_checkpoint, out, dtype="float16", check=False)
+    return out
+
+
+def test_tensorrt_export_chains_scores_and_writes_only_present_inputs_for_the_parser(float16_export) -> None:
     """TensorRT's parser hands plugins a null tensor for an empty input name, so the first layer's node lists
     q, k, v, mask_bias with has_prev_scores=0 instead of an empty prev_scores."""
-    out = tmp_path / "rf.onnx"
-    _export(realformer_checkpoint, out, dtype="float16", check=False)
-    model = onnx.load(str(out))
+    model = onnx.load(str(float16_export))
     first, second = attnres_nodes(model.graph)
     assert "" not in first.input and "" not in second.input
     assert (attribute(first, "has_prev_scores"), attribute(first, "has_mask")) == (0, 1)
@@ -68,9 +78,8 @@ def test_tensorrt_export_chains_scores_and_writes_only_present_inputs_for_the_pa
     assert types[first.input[0]] == types[first.output[0]] == onnx.TensorProto.FLOAT16
 
 
-def test_attnres_convert_round_trips_portable_and_tensorrt(realformer_checkpoint, tmp_path) -> None:
-    fused = tmp_path / "rf.tensorrt.onnx"
-    _export(realformer_checkpoint, fused, dtype="float16", check=False)
+def test_attnres_convert_round_trips_portable_and_tensorrt(realformer_checkpoint, float16_export, tmp_path) -> None:
+    fused = float16_export
     runner = CliRunner()
     steps = [(fused, "portable", tmp_path / "rf.portable.onnx"),
              (tmp_path / "rf.portable.onnx", "tensorrt", tmp_path / "rf.back.onnx"),

@@ -1,4 +1,4 @@
-"""The reference RealFormer computes SPEC 3: checked against an independent NumPy implementation."""
+"""The reference RealFormer computes docs/models.md#realformer: checked against an independent NumPy implementation."""
 
 from __future__ import annotations
 

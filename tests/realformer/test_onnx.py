@@ -9,11 +9,11 @@ import torch
 from onnx import TensorProto
 from onnx import helper as oh
 
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.graphs.targets import convert
 from attnres_export.graphs.types import value_types
 from attnres_export.ops import DOMAIN, RESIDUAL_ATTENTION, residual_score_attention
-from attnres_export.parity.runners import OnnxRuntimeRunner
 
 B, H, TQ, TK, DH = 2, 2, 3, 5, 3
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}

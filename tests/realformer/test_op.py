@@ -1,4 +1,4 @@
-"""``attnres::residual_score_attention`` computes SPEC 3/4 in float32 in every storage dtype."""
+"""``attnres::residual_score_attention`` computes docs/op-set.md in float32 in every storage dtype."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Running a whole graph, or a piece of it, on ONNX Runtime CPU and keeping every intermediate value."""
+"""Running a whole graph once and keeping every intermediate value."""
 
 from __future__ import annotations
 
@@ -6,20 +6,14 @@ import numpy as np
 import onnx
 from onnx import helper as oh
 
+from attnres_export.graphs.fusion.numerics import Numerics
+from attnres_export.graphs.onnx_utils import copy_model
 from attnres_export.graphs.types import value_types
-from attnres_export.parity.runners import OnnxRuntimeRunner
 
 
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's outputs on ``feeds`` (attnres nodes through their NumPy reference)."""
-    with OnnxRuntimeRunner(model) as runner:
-        return runner.infer(feeds)
-
-
-def capture_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def capture_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray], numerics: Numerics) -> dict[str, np.ndarray]:
     """Every value of the graph (inputs, initializer-free intermediates, outputs) on ``feeds``."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    probe = copy_model(model)
     types = value_types(probe)
     present = {o.name for o in probe.graph.output}
     for node in probe.graph.node:
@@ -28,5 +22,5 @@ def capture_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
                 probe.graph.output.append(oh.make_tensor_value_info(name, types[name], None))
                 present.add(name)
     values = dict(feeds)
-    values.update(run(probe, feeds))
+    values.update(numerics.run(probe, feeds))
     return values

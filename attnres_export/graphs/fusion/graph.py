@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from attnres_export.graphs.onnx_utils import attribute
+from attnres_export.ops.onnx_nodes import attribute
 
 
 def subgraph_inputs(node: onnx.NodeProto) -> set[str]:

@@ -14,7 +14,7 @@ import onnx
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.resolve import resolve_slot, strip_casts
-from attnres_export.graphs.onnx_utils import attribute
+from attnres_export.ops.onnx_nodes import attribute
 
 PLUMBING = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Expand", "Identity", "Flatten"}
 SLICING = {"Split", "Slice", "Gather"}

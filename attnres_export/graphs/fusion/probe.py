@@ -16,7 +16,7 @@ import onnx
 
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.onnx_utils import attribute
+from attnres_export.ops.onnx_nodes import attribute
 
 Evaluate = Callable[[dict[str, np.ndarray]], np.ndarray]
 SINGLE_FIT_TOLERANCE = 1e-4

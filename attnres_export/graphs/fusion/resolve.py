@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.onnx_utils import attribute
+from attnres_export.ops.onnx_nodes import attribute
 
 MAX_DEPTH = 512
 

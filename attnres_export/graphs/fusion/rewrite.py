@@ -11,8 +11,8 @@ from onnx import numpy_helper
 
 from attnres_export.graphs.fusion.graph import dead_code_elimination
 from attnres_export.graphs.fusion.node import aggregate_node
-from attnres_export.graphs.onnx_utils import replace_nodes, set_domain_import, unique_namer
-from attnres_export.ops.identity import DOMAIN, OPSET_VERSION
+from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, set_domain_import, unique_namer
+from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 
 @dataclass
@@ -29,8 +29,7 @@ class Replacement:
 
 def apply_replacements(model: onnx.ModelProto, replacements: list[Replacement]) -> onnx.ModelProto:
     """A copy of ``model`` whose replaced outputs come from fused nodes; unused nodes are then removed."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = copy_model(model)
     if not replacements:
         return out
     graph = out.graph

@@ -1,4 +1,5 @@
-"""Keeping a rewrite only when the fused node and the original subgraph agree (SPEC 6 float32 bars).
+"""Keeping a rewrite only when the fused node and the original subgraph agree (the float32 bar of
+docs/parity.md#pass-bars, judged by the injected ``Numerics``).
 
 Three trials: the activations of the reference run, random sources of mixed scales, and random sources of the
 scale of ``sqrt(eps)`` (where the RMS depends on eps, so a wrong eps cannot pass).
@@ -14,25 +15,22 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from attnres_export.graphs.fusion.node import aggregate_node
+from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.probe import Evaluate
-from attnres_export.ops.identity import DOMAIN, OPSET_VERSION
-from attnres_export.parity.metrics import DEFAULT_TOLERANCES, ErrorMetrics, compare
-from attnres_export.parity.runners import OnnxRuntimeRunner
-
-TOLERANCE = DEFAULT_TOLERANCES["float32"]
+from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 
 @dataclass
 class Verdict:
     ok: bool
     reason: str
-    worst: ErrorMetrics | None
+    worst: Agreement | None
 
 
 class FusedEvaluator:
     """AttnResAggregate alone, run by ONNX Runtime through the NumPy reference op; ``score_weight`` is an input."""
 
-    def __init__(self, sources: list[str], value: np.ndarray, eps: float) -> None:
+    def __init__(self, sources: list[str], value: np.ndarray, eps: float, numerics: Numerics) -> None:
         self.names = [f"s{i}" for i in range(len(sources))]
         self.sources = sources
         elem = oh.np_dtype_to_tensor_dtype(value.dtype)
@@ -41,16 +39,15 @@ class FusedEvaluator:
         node = aggregate_node("fused", "sw", self.names, "h", eps)
         graph = oh.make_graph([node], "attnres_fused", inputs, [oh.make_tensor_value_info("h", elem, None)])
         model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(DOMAIN, OPSET_VERSION)])
-        self.runner = OnnxRuntimeRunner(model)
-        self.runner.activate()
+        self.session = numerics.open_session(model)
 
     def __call__(self, sw: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
         inputs = {n: feeds[s] for n, s in zip(self.names, self.sources, strict=True)}
-        return self.runner.infer({"sw": sw.astype(np.float32), **inputs})["h"]
+        return self.session({"sw": sw.astype(np.float32), **inputs})["h"]
 
 
 def verify(region: Evaluate, fused: FusedEvaluator, sw: np.ndarray, eps: float, captured: dict[str, np.ndarray],
-           expected: np.ndarray, seed: int) -> Verdict:
+           expected: np.ndarray, seed: int, numerics: Numerics) -> Verdict:
     """Compare the fused node with the original subgraph on three kinds of inputs."""
     rng = np.random.default_rng(seed)
     example = captured[fused.sources[0]]
@@ -64,7 +61,7 @@ def verify(region: Evaluate, fused: FusedEvaluator, sw: np.ndarray, eps: float, 
     worst = None
     for trial, (feeds, reference) in trials.items():
         want = region(feeds) if reference is None else reference
-        metrics = compare(np.asarray(fused(sw, feeds), dtype=np.float64), np.asarray(want, np.float64), TOLERANCE)
+        metrics = numerics.agree(np.asarray(fused(sw, feeds), dtype=np.float64), np.asarray(want, np.float64))
         if worst is None or metrics.rel_l2 > worst.rel_l2:
             worst = metrics
         if not metrics.ok:

@@ -1,0 +1,60 @@
+"""Tables of results: the library returns data, the command line renders it (rich stays out of the core)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from attnres_export.engine.bench import Workload
+from attnres_export.graphs.fusion import FusionResult
+from attnres_export.parity.report import Report
+
+
+def report_table(report: Report, title: str = "Parity against the float32 PyTorch reference") -> Table:
+    table = Table(title=title)
+    for column in ("backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2", "cosine", "pass"):
+        table.add_column(column, justify="right" if column.startswith(("max", "rel", "cos")) else "left")
+    for check in report.checks:
+        for name, m in check.outputs.items():
+            table.add_row(
+                check.backend, check.artifact, "x".join(map(str, check.shape)), name,
+                f"{m.max_abs:.3g}", f"{m.max_rel:.3g}", f"{m.rel_l2:.3g}", f"{m.cosine:.9f}",
+                "[green]yes[/green]" if m.ok else "[red]NO[/red]",
+            )
+    return table
+
+
+def fusion_table(fusion: FusionResult) -> Table:
+    table = Table(title=f"Aggregation sites: {len(fusion.sites)} found, {fusion.fused} fused, "
+                        f"{len(fusion.sites) - fusion.fused} rejected")
+    for column in ("softmax", "sources", "result", "eps", "rel L2", "reason"):
+        table.add_column(column)
+    for s in fusion.sites:
+        table.add_row(s.site, "" if s.sources is None else str(s.sources),
+                      "[green]fused[/green]" if s.fused else "[yellow]rejected[/yellow]",
+                      "" if s.eps is None else f"{s.eps:.3g}",
+                      "" if s.rel_l2 is None else f"{s.rel_l2:.2g}", s.reason)
+    return table
+
+
+def bench_table(workloads: Sequence[Workload]) -> Table:
+    table = Table(title="Latency (median, p90, p99) and throughput at the median")
+    for column in ("artifact", "backend", "clock", "shape", "median ms", "p90 ms", "p99 ms", "seq/s", "tokens/s"):
+        table.add_column(column, justify="right" if column[0] in "mpst" and column != "shape" else "left")
+    for w in workloads:
+        sequences, tokens = w.throughput()
+        table.add_row(w.artifact, w.backend, w.clock.name, "x".join(map(str, w.shape)),
+                      f"{w.percentile(50):.3f}", f"{w.percentile(90):.3f}", f"{w.percentile(99):.3f}",
+                      f"{sequences:,.1f}", f"{tokens:,.0f}")
+    return table
+
+
+def table_of(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    """A plain table of strings."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table

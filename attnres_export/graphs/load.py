@@ -1,0 +1,27 @@
+"""The one way an ONNX file is read: a missing, unreadable or non-ONNX file, and an attnres node that breaks the
+op-set contract, are refused with one line before any other code sees the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from attnres_export.errors import GraphError
+from attnres_export.graphs.validate import validate_attnres_nodes
+
+
+def load_onnx(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
+    """Load and validate the ONNX model at ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise GraphError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=load_external_data)
+    except (DecodeError, OSError, ValueError, RuntimeError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
+        raise GraphError(f"{path}: not a readable ONNX model ({type(exc).__name__}); is it corrupted?") from exc
+    if not model.graph.node and not model.graph.output:
+        raise GraphError(f"{path}: not an ONNX model (no graph in it); pass a .onnx file written by an exporter")
+    validate_attnres_nodes(model, str(path))
+    return model
