@@ -20,7 +20,14 @@ VERSION = 1
 
 @dataclass
 class EngineManifest:
-    """The build record of one engine (paths as given at build time)."""
+    """The build record of one engine (paths as given at build time).
+
+    ``plugin_embedded`` is true only when a fresh process without the library deserialized the engine;
+    ``version_compatible`` engines carry TensorRT's lean runtime, which runs only with engine host code allowed.
+    ``unknown_nodes`` are nodes the engine inspector cannot place (folded into a Myelin ForeignNode layer).
+    A runner loads ``plugin_library`` only if its sha256 is still ``plugin_sha256``: the manifest is a sidecar
+    anyone can edit, so it names what the engine was built with, never what to trust.
+    """
 
     onnx: str
     dtype: str
@@ -34,8 +41,10 @@ class EngineManifest:
     plugin_library: str | None
     plugin_sha256: str | None
     plugin_embedded: bool
+    version_compatible: bool = False
     plugin_nodes: list[str] = field(default_factory=list)
     inlined_nodes: list[str] = field(default_factory=list)
+    unknown_nodes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}

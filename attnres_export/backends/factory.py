@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
 from attnres_export.backends.base import Runner
-from attnres_export.backends.engine_manifest import read_manifest
 from attnres_export.backends.onnxruntime_runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner
 from attnres_export.errors import ParityError
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import onnx_dtype
+
+if TYPE_CHECKING:
+    from attnres_export.backends.tensorrt_runner import TensorRTRunner
 
 
 def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.ModelProto]:
@@ -23,11 +26,11 @@ def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.Mo
     return runner_class(model, artifact=path.name), onnx_dtype(model), model
 
 
-def engine_runner(path: Path, plugin: Path | None = None) -> tuple[Runner, str]:
-    """A TensorRT runner for the engine at ``path`` and the dtype from its manifest."""
+def engine_runner(path: Path, plugin: Path | None = None,
+                  allow_engine_host_code: bool = False) -> tuple[TensorRTRunner, str]:
+    """A TensorRT runner for the engine at ``path`` and its dtype: the manifest's, else (an engine built by trtexec
+    or Polygraphy, run with ``plugin``) the engine's first floating-point output's."""
     from attnres_export.backends.tensorrt_runner import TensorRTRunner
 
-    manifest = read_manifest(path)
-    if manifest is None:
-        raise ParityError(f"{path}: no manifest {path.name}.json beside it; build engines with `attnres build`")
-    return TensorRTRunner(path, plugin=plugin, manifest=manifest), manifest.dtype
+    runner = TensorRTRunner(path, plugin=plugin, allow_engine_host_code=allow_engine_host_code)
+    return runner, runner.manifest.dtype if runner.manifest is not None else runner.output_dtype()

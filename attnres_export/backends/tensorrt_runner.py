@@ -1,7 +1,8 @@
 """A TensorRT engine behind the runner interface: plugin loaded, shapes set, torch CUDA buffers, execute_async_v3.
 
 torch is already a dependency and owns a CUDA context and streams, so its tensors serve as device buffers
-(no pycuda or cuda-python needed). TensorRT and CUDA are touched only in ``activate``.
+(no pycuda or cuda-python needed). TensorRT and CUDA are touched only when the engine loads (``load``,
+``activate``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import numpy as np
 
 from attnres_export.backends import plugin_library
 from attnres_export.backends.base import Runner
-from attnres_export.backends.engine_manifest import EngineManifest, read_manifest
+from attnres_export.backends.engine_manifest import EngineManifest, manifest_path, read_manifest, sha256_file
 from attnres_export.backends.tensorrt_api import logger, require_tensorrt
-from attnres_export.dtypes import TENSORRT_TO_NAME
+from attnres_export.dtypes import STORAGE_TYPES, TENSORRT_TO_NAME
 from attnres_export.errors import EngineError
 
 
@@ -28,54 +29,106 @@ def _cuda_torch():
 
 
 class TensorRTRunner(Runner):
-    """One deserialized engine; ``bind`` + ``enqueue`` are exposed so the benchmark can time the launch alone."""
+    """One deserialized engine; ``bind`` + ``enqueue`` are exposed so the benchmark can time the launch alone.
+
+    Engines without a manifest (built by trtexec or Polygraphy) run with ``plugin`` given explicitly. The manifest's
+    library is loaded only while its sha256 matches the manifest's, and engine host code (an embedded plugin, the
+    lean runtime of a version-compatible engine) runs only when the caller allows it, never because the manifest
+    says so: the manifest is a file beside the engine that anyone can edit.
+    """
 
     backend = "tensorrt"
 
-    def __init__(self, engine: Path, plugin: Path | None = None, manifest: EngineManifest | None = None) -> None:
+    def __init__(self, engine: Path, plugin: Path | None = None, manifest: EngineManifest | None = None,
+                 allow_engine_host_code: bool = False) -> None:
         self.path = Path(engine)
         self.artifact = self.path.name
         self.plugin = plugin
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
+        self.allow_engine_host_code = allow_engine_host_code
         self.engine = self.context = self.stream = self.runtime = None
         self.buffers: dict = {}
 
-    def activate(self) -> None:
+    def load(self) -> None:
+        """Load the plugin library and deserialize the engine (once); ``activate`` adds a context and a stream."""
+        if self.engine is not None:
+            return
         if not self.path.is_file():
             raise EngineError(f"{self.path}: no such engine file; build one with `attnres build MODEL.onnx`")
         library = self.plugin_to_load()
         trt = require_tensorrt()
-        torch = _cuda_torch()
+        _cuda_torch()
         if library is not None:
             plugin_library.load(trt, library)
         self.runtime = trt.Runtime(logger(trt))
-        if self.manifest is not None and self.manifest.plugin_embedded:
+        if self.allow_engine_host_code:
             self.runtime.engine_host_code_allowed = True
         self.engine = self.runtime.deserialize_cuda_engine(self.path.read_bytes())
         if self.engine is None:
             raise EngineError(self._load_failure(trt))
+
+    def activate(self) -> None:
+        self.load()
+        torch = _cuda_torch()
         self.context = self.engine.create_execution_context()
         self.stream = torch.cuda.Stream()
 
     def plugin_to_load(self) -> Path | None:
-        """The library to load before deserializing: --plugin, else the manifest's unless the plugin is embedded."""
+        """The library to load before deserializing: --plugin; else the manifest's, if unchanged since the build,
+        unless its plugin is embedded and engine host code is allowed."""
         if self.plugin is not None:
             return Path(self.plugin)
         manifest = self.manifest
-        if manifest is None or manifest.plugin_embedded or not manifest.plugin_library:
+        if manifest is None:
+            raise EngineError(f"{self.artifact} has no manifest {manifest_path(self.path).name} (written by `attnres "
+                              "build`) naming its plugin library; pass --plugin LIB, the library it was built with")
+        if (manifest.plugin_embedded and self.allow_engine_host_code) or not manifest.plugin_library:
             return None
         library = Path(manifest.plugin_library)
         if not library.is_file():
+            embedded = ("its plugin is embedded: pass --allow-engine-host-code if you built or trust the engine, "
+                        "or " if manifest.plugin_embedded else "")
             raise EngineError(f"{self.artifact} needs the plugin library {library} (named in its manifest), which "
-                              "is missing and not embedded; rebuild it (`attnres plugin build`) or pass --plugin PATH")
+                              f"is missing; {embedded}rebuild it (`attnres plugin build`) or pass --plugin PATH")
+        if sha256_file(library) != manifest.plugin_sha256:
+            raise EngineError(f"{library} is not the plugin library {self.artifact} was built with (its sha256 differs "
+                              f"from {manifest_path(self.path).name}'s); pass --plugin {library} if you trust it")
         return library
 
     def _load_failure(self, trt) -> str:
         built = self.manifest.tensorrt_version if self.manifest else "an unknown version"
-        library = self.manifest.plugin_library if self.manifest else None
+        library = self.plugin or (self.manifest.plugin_library if self.manifest else None)
+        needs_host_code = self.manifest is not None and self.manifest.version_compatible
+        fix = ("it is version compatible (--embed-plugin) and so carries host code, which runs only with "
+               "--allow-engine-host-code: pass it if you built or trust the engine"
+               if needs_host_code and not self.allow_engine_host_code
+               else "rebuild it on this machine with `attnres build`, or load the plugin with --plugin")
         return (f"TensorRT {trt.__version__} could not deserialize {self.artifact} (built with TensorRT {built}"
-                + (f", plugin {library}" if library else "")
-                + "); rebuild it on this machine with `attnres build`, or load the plugin with --plugin")
+                + (f", plugin {library}" if library else "") + f"); {fix}")
+
+    def output_dtype(self) -> str:
+        """The storage dtype of the engine's first floating-point output (for engines without a manifest)."""
+        self.load()
+        for name in self.io_names(False):
+            kind = TENSORRT_TO_NAME.get(self.engine.get_tensor_dtype(name).name)
+            if kind in STORAGE_TYPES:
+                return kind
+        raise EngineError(f"{self.artifact} has no {'/'.join(STORAGE_TYPES)} output to compare")
+
+    def input_axes(self) -> dict[str, list[str | int]]:
+        """Each input's axes: the manifest's labels, else the engine's dims with dynamic axes 0 and 1 read as
+        batch and seq (how attnres-export lays out its inputs)."""
+        if self.manifest is not None:
+            return self.manifest.input_axes
+        self.load()
+        axes = {}
+        for name in self.io_names(True):
+            dims = list(self.engine.get_tensor_shape(name))
+            if any(d < 0 for d in dims[2:]):
+                raise EngineError(f"{self.artifact}: input {name!r} has dims {dims}; without a manifest only axes 0 "
+                                  "(batch) and 1 (seq) may be dynamic")
+            axes[name] = [("batch", "seq")[i] if d < 0 else d for i, d in enumerate(dims)]
+        return axes
 
     def io_names(self, input_mode: bool) -> list[str]:
         trt = require_tensorrt()

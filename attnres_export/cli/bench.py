@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console
-from attnres_export.cli.options import Plugin, Shapes, parse_shapes
+from attnres_export.cli.framework import app, command, console
+from attnres_export.cli.options import AllowEngineHostCode, Plugin, Shapes, parse_shapes
 from attnres_export.errors import AttnresError
 
 
@@ -22,17 +22,22 @@ def bench(
     cuda_graph: Annotated[bool, typer.Option(help="Replay engines from a captured CUDA graph.")] = False,
     compare: Annotated[Path | None, typer.Option(help="Another engine/ONNX, timed in alternation.")] = None,
     plugin: Plugin = None,
+    allow_engine_host_code: AllowEngineHostCode = False,
 ) -> None:
     """Median, p90 and p99 latency and throughput (CUDA events for engines, perf_counter for ONNX Runtime)."""
+    from attnres_export.backends.engine_manifest import manifest_path, read_manifest
     from attnres_export.cli.render import bench_table
     from attnres_export.engine.bench import measure, ratio_lines
 
     if iterations < 1 or warmup < 0:
         raise AttnresError("--iterations must be >= 1 and --warmup >= 0")
     wanted_shapes = parse_shapes(shapes)
+    if not wanted_shapes and artifact.suffix != ".onnx" and read_manifest(artifact) is None:
+        raise AttnresError(f"{artifact.name} has no manifest {manifest_path(artifact).name} recording its shapes "
+                           "(an engine not built by `attnres build`); pass --shapes B,T")
     paths = [artifact] + ([compare] if compare else [])
     with ExitStack() as stack:
-        opened = [stack.enter_context(_Opened(p, plugin)) for p in paths]
+        opened = [stack.enter_context(_Opened(p, plugin, allow_engine_host_code)) for p in paths]
         run_shapes = wanted_shapes or [opened[0].default_shape()]
         per_shape = []
         with console.status(f"timing {iterations} iterations after {warmup} warm-up"):
@@ -48,9 +53,10 @@ def bench(
 class _Opened:
     """An activated runner for an artifact, and how to feed and time it."""
 
-    def __init__(self, path: Path, plugin: Path | None) -> None:
+    def __init__(self, path: Path, plugin: Path | None, allow_engine_host_code: bool) -> None:
         self.path = path
         self.plugin = plugin
+        self.allow_engine_host_code = allow_engine_host_code
 
     def __enter__(self) -> _Opened:
         from attnres_export.backends.factory import engine_runner, onnx_runner
@@ -66,8 +72,9 @@ class _Opened:
                                 for i, d in enumerate(dims)] for name, dims in input_axes(model).items()}
             self.types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
         else:
-            self.runner, _ = engine_runner(self.path, self.plugin)
-            self.dims, self.axes = self.runner.manifest.dims, self.runner.manifest.input_axes
+            self.runner, _ = engine_runner(self.path, self.plugin, self.allow_engine_host_code)
+            self.dims = self.runner.manifest.dims if self.runner.manifest is not None else {}
+            self.axes = self.runner.input_axes()
         self.runner.activate()
         return self
 

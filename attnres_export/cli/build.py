@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console, err_console
+from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import Plugin, parse_range
 
 
@@ -20,7 +20,8 @@ def build(
     seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [the exported range].")] = None,
     timing_cache: Annotated[Path | None, typer.Option(help="Timing cache to read and update.")] = None,
     opt_level: Annotated[int | None, typer.Option(help="Builder optimization level 0..5.")] = None,
-    embed_plugin: Annotated[bool, typer.Option(help="Serialize libattnres_trt_dyn.so into the engine.")] = False,
+    embed_plugin: Annotated[bool, typer.Option(
+        help="Serialize libattnres_trt_dyn.so into a version-compatible engine (checked in a fresh process).")] = False,
     workspace: Annotated[int | None, typer.Option(help="Workspace limit in MB.")] = None,
 ) -> None:
     """Build a TensorRT engine (strongly typed: the ONNX's dtype is the engine's) after a plugin preflight."""
@@ -45,3 +46,6 @@ def build(
     console.print(f"as plugin: {', '.join(m.plugin_nodes) or 'none'}", highlight=False, soft_wrap=True)
     if m.inlined_nodes:
         err_console.print(f"[yellow]warning:[/yellow] not running as the plugin: {', '.join(m.inlined_nodes)}")
+    if m.unknown_nodes:
+        err_console.print("[yellow]warning:[/yellow] the engine inspector cannot tell whether these run as the plugin "
+                          f"(inside a Myelin ForeignNode layer): {', '.join(m.unknown_nodes)}")

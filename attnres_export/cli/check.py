@@ -7,8 +7,17 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console, fail
-from attnres_export.cli.options import Plugin, ReportPath, Seed, Shapes, Tol, parse_shapes, parse_tolerances
+from attnres_export.cli.framework import app, command, console, fail
+from attnres_export.cli.options import (
+    AllowEngineHostCode,
+    Plugin,
+    ReportPath,
+    Seed,
+    Shapes,
+    Tol,
+    parse_shapes,
+    parse_tolerances,
+)
 from attnres_export.errors import AttnresError
 
 
@@ -16,9 +25,10 @@ from attnres_export.errors import AttnresError
 def check(
     model: Annotated[Path, typer.Argument(help="attnres checkpoint (.pt): the float32 reference.")],
     onnx: Annotated[list[Path] | None, typer.Option("--onnx", help="ONNX file to run on ONNX Runtime.")] = None,
-    engine: Annotated[list[Path] | None, typer.Option("--engine", help="TensorRT engine (from attnres build).")] =
-    None,
+    engine: Annotated[list[Path] | None, typer.Option(
+        "--engine", help="TensorRT engine (from attnres build; from trtexec or Polygraphy with --plugin).")] = None,
     plugin: Plugin = None,
+    allow_engine_host_code: AllowEngineHostCode = False,
     ort_provider: Annotated[str, typer.Option(help="ONNX Runtime provider for --onnx: cpu or cuda.")] = "cpu",
     shapes: Shapes = None,
     seed: Seed = 0,
@@ -42,16 +52,17 @@ def check(
         raise AttnresError("nothing to check: pass at least one --onnx FILE or --engine FILE")
     overrides = parse_tolerances(tol)
     wanted_shapes = parse_shapes(shapes)
-    reference_model, _ = load_checkpoint(model)
+    reference_model, config = load_checkpoint(model)
     runners, recorded_dims = [], []
     for path in onnx or []:
         runner, dtype, onnx_model = onnx_runner(path, ort_provider)
         runners.append((runner, dtype, tolerance_for(dtype, overrides)))
         recorded_dims.append(export_info(onnx_model).get("dims", {}))
     for path in engine or []:
-        runner, dtype = engine_runner(path, plugin)
+        runner, dtype = engine_runner(path, plugin, allow_engine_host_code)
         runners.append((runner, dtype, tolerance_for(dtype, overrides)))
-        recorded_dims.append(runner.manifest.dims)
+        recorded_dims.append(runner.manifest.dims if runner.manifest is not None else {})
+    refuse_shapes_outside(wanted_shapes, recorded_dims, config.max_seq_len)
     run_shapes = wanted_shapes or default_shapes(next((d for d in recorded_dims if d), {}))
 
     def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -72,6 +83,21 @@ def check(
         console.print(f"report: {report}")
     if not result.ok:
         fail("parity check failed: an output missed its bar (see the table)")
+
+
+def refuse_shapes_outside(shapes: list[tuple[int, int]], recorded: list[dict[str, list[int]]],
+                          max_seq_len: int) -> None:
+    """A ``--shapes`` value outside a range an artifact was exported for, or longer than the model's
+    max_seq_len, is refused in one line instead of failing inside a runtime."""
+    for batch, seq in shapes:
+        if seq > max_seq_len:
+            raise AttnresError(f"--shapes {batch},{seq}: T is over the model's max_seq_len {max_seq_len}")
+        for dims in recorded:
+            for name, size in (("batch", batch), ("seq", seq)):
+                low, _, high = dims.get(name, (size, size, size))
+                if not low <= size <= high:
+                    raise AttnresError(f"--shapes {batch},{seq}: {name} {size} is outside the exported range "
+                                       f"{low}..{high}; pick a shape inside it or re-export with a wider --{name}")
 
 
 def default_shapes(dims: dict[str, list[int]]) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import command, console, plugin_app
+from attnres_export.cli.framework import command, console, plugin_app
 from attnres_export.errors import PluginBuildError
 
 USAGE = {
@@ -21,8 +21,13 @@ USAGE = {
 @command(plugin_app, name="build")
 def build(
     tensorrt_root: Annotated[Path | None, typer.Option(help="TensorRT folder holding include/NvInfer.h.")] = None,
+    tensorrt_lib: Annotated[Path | None, typer.Option(
+        help="Folder holding libnvinfer.so or libnvinfer.so.<major> (pip: site-packages/tensorrt_libs) "
+             "[TENSORRT_ROOT/lib, pip's tensorrt*_libs, the system library folders].")] = None,
     cuda_arch: Annotated[str | None, typer.Option(
-        help='CUDA architectures, e.g. "80;86;89;90" (default adds PTX 90).')] = None,
+        help='CUDA architectures, e.g. "80;90", or "edge" (Jetson Orin 87 + Thor 110) '
+             "[80-real;86-real;89-real;90 = A100/A10/L4/H100 SASS plus PTX of 90]; "
+             "below 80 (T4, Xavier) is unsupported.")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder [the per-hash cache].")] = None,
     kernels_only: Annotated[bool, typer.Option(help="Build only libattnres_kernels.so.")] = False,
 ) -> None:
@@ -30,7 +35,8 @@ def build(
     from attnres_export.cli.render import table_of
     from attnres_export.plugins.build import build_plugins
 
-    result = build_plugins(out_dir=out, tensorrt_root=tensorrt_root, cuda_archs=cuda_arch, kernels_only=kernels_only)
+    result = build_plugins(out_dir=out, tensorrt_root=tensorrt_root, cuda_archs=cuda_arch, kernels_only=kernels_only,
+                           tensorrt_lib=tensorrt_lib)
     rows = [(name, str(path), USAGE[name]) for name, path in result.libraries().items()]
     console.print(table_of("attnres plugin libraries", ("library", "path", "load with"), rows))
     if kernels_only:
@@ -39,9 +45,10 @@ def build(
         headers = "TensorRT: no include dir with NvInfer.h found; TensorRT libraries skipped (pass --tensorrt-root)"
     else:
         headers = (f"TensorRT include dir: {result.tensorrt_include} "
-                   f"(headers {result.tensorrt_version or 'unknown version'})")
+                   f"(headers {result.tensorrt_version or 'unknown version'}), linked {result.nvinfer}")
     console.print(headers, highlight=False)
-    console.print(f"CUDA archs: {result.cuda_archs}{' (cached)' if result.cached else ''}", highlight=False)
+    console.print(f"CUDA archs: {result.cuda_archs}, {result.nvcc_version or 'nvcc'}"
+                  f"{' (cached)' if result.cached else ''}", highlight=False)
 
 
 @command(plugin_app, name="path")

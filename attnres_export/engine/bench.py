@@ -76,7 +76,11 @@ def ort_workload(runner: OnnxRuntimeRunner, feeds: dict[str, np.ndarray], shape:
 
 
 def tensorrt_workload(runner, feeds: dict[str, np.ndarray], shape: tuple[int, int], cuda_graph: bool) -> Workload:
-    """``execute_async_v3`` on bound device buffers, optionally replayed from a captured CUDA graph."""
+    """``execute_async_v3`` on bound device buffers, optionally replayed from a captured CUDA graph.
+
+    The graph replays on ``runner.stream``, where the clock records its events: ``CUDAGraph.replay`` launches on
+    the current stream, which would otherwise be the default one, and the events would time an empty stream.
+    """
     import torch
 
     runner.bind(feeds)
@@ -88,7 +92,12 @@ def tensorrt_workload(runner, feeds: dict[str, np.ndarray], shape: tuple[int, in
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=runner.stream):
             runner.enqueue()
-        step, backend = graph.replay, backend + "+cuda-graph"
+
+        def step() -> None:
+            with torch.cuda.stream(runner.stream):
+                graph.replay()
+
+        backend += "+cuda-graph"
     return Workload(runner.artifact, backend, shape, step, CudaEventClock(runner.stream))
 
 

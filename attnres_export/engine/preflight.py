@@ -97,11 +97,11 @@ def preflight(
     requests = node_requests(model)
     result = PreflightResult(requests)
     available = {tuple(k) for k in registry}
-    functions = {(f.domain, f.name) for f in model.functions}
+    functions = {f.name for f in model.functions}  # onnx-tensorrt keys local functions on op_type alone
     for node, request in zip((n for n in model.graph.node if is_attnres(n)), requests, strict=True):
         if request.key not in available:
             result.problems.append(Problem(request.node, _mismatch(request, available, libraries)))
-        if (node.domain, node.op_type) in functions:
+        if node.op_type in functions:
             result.problems.append(_shadowing(request, tensorrt_version))
         result.problems.extend(_dtype_problems(node, request))
     return result
@@ -171,7 +171,8 @@ def _dtype_problems(node: onnx.NodeProto, request: NodeRequest) -> list[Problem]
 
 
 def registry_listing(trt) -> list[PluginKey]:
-    """``(name, version, namespace)`` of every creator in TensorRT's global registry (V2 and V3 creators)."""
-    registry = trt.get_plugin_registry()
-    creators = getattr(registry, "all_creators", None) or registry.plugin_creator_list
-    return [(c.name, c.plugin_version, c.plugin_namespace) for c in creators]
+    """``(name, version, namespace)`` of every creator in TensorRT's global registry (V1, V3One and V3Quick).
+
+    ``all_creators`` is bound in 10.x and 11.x; ``plugin_creator_list`` lists V2 creators only and is gone in 11.
+    """
+    return [(c.name, c.plugin_version, c.plugin_namespace) for c in trt.get_plugin_registry().all_creators or []]

@@ -30,22 +30,34 @@ def token_model(dims: dict | None = None, batch: str | int = "batch", seq: str |
 
 def aggregate_model(source_type: int = TensorProto.FLOAT, weight_type: int = TensorProto.FLOAT,
                     version: str | None = "1", namespace: str | None = "attnres", domain: str = "attnres",
-                    with_function: bool = False, second_source_type: int | None = None) -> onnx.ModelProto:
-    """One AttnResAggregate node over two ``[4, 8]`` sources, with the given types and plugin attributes."""
+                    with_function: bool = False, second_source_type: int | None = None,
+                    function_domain: str | None = None, vendor_plugin: bool = False) -> onnx.ModelProto:
+    """One AttnResAggregate node over two ``[4, 8]`` sources, with the given types and plugin attributes.
+
+    ``function_domain``: the domain of the model-local function (``with_function``), by default the node's.
+    ``vendor_plugin``: the output goes through a ``VendorScale`` plugin node (domain and namespace ``vendor``),
+    a plugin from another library.
+    """
     attrs = {"eps": 1e-6}
     if version is not None:
         attrs["plugin_version"] = version
     if namespace is not None:
         attrs["plugin_namespace"] = namespace
-    node = oh.make_node("AttnResAggregate", ["sw", "x0", "x1"], ["h"], name="agg0", domain=domain, **attrs)
+    out = "h0" if vendor_plugin else "h"
+    nodes = [oh.make_node("AttnResAggregate", ["sw", "x0", "x1"], [out], name="agg0", domain=domain, **attrs)]
+    if vendor_plugin:
+        nodes.append(oh.make_node("VendorScale", [out], ["h"], name="scale0", domain="vendor",
+                                  plugin_version="1", plugin_namespace="vendor"))
     inputs = [oh.make_tensor_value_info("sw", weight_type, [8]),
               oh.make_tensor_value_info("x0", source_type, [4, 8]),
               oh.make_tensor_value_info("x1", second_source_type or source_type, [4, 8])]
-    graph = oh.make_graph([node], "agg", inputs, [oh.make_tensor_value_info("h", source_type, [4, 8])])
+    graph = oh.make_graph(nodes, "agg", inputs, [oh.make_tensor_value_info("h", source_type, [4, 8])])
     functions = []
     if with_function:
         body = [oh.make_node("Identity", ["x0"], ["h"])]
-        functions.append(oh.make_function(domain, "AttnResAggregate", ["sw", "x0", "x1"], ["h"], body,
-                                          [oh.make_opsetid("", 18)]))
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(domain, 1)],
-                         functions=functions)
+        functions.append(oh.make_function(function_domain or domain, "AttnResAggregate", ["sw", "x0", "x1"], ["h"],
+                                          body, [oh.make_opsetid("", 18)]))
+    opsets = [oh.make_opsetid("", 18), oh.make_opsetid(domain, 1)]
+    if vendor_plugin:
+        opsets.append(oh.make_opsetid("vendor", 1))
+    return oh.make_model(graph, opset_imports=opsets, functions=functions)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from types import SimpleNamespace
+
 import onnx
 from typer.testing import CliRunner
 
 from attnres_export.cli import app
-from attnres_export.engine.bench import HostClock, Workload, measure, ratio_lines
+from attnres_export.engine.bench import HostClock, Workload, measure, ratio_lines, tensorrt_workload
 from tests.engine.graphs import token_model
 
 
@@ -44,3 +47,27 @@ def test_bench_cli_times_onnx_on_cpu_and_compares_two_artifacts(tmp_path):
     assert result.exit_code == 0, result.output
     assert "perf_counter (host)" in result.output and "(CPU)" in result.output
     assert "b.onnx / a.onnx at 2x4" in result.output and "b.onnx / a.onnx at 1x8" in result.output
+
+
+def test_cuda_graph_replays_on_the_runners_stream_where_the_clock_records_its_events(monkeypatch):
+    import torch
+
+    current, launches = ["default stream"], []
+
+    @contextmanager
+    def on_stream(stream):
+        previous, current[0] = current[0], stream
+        yield
+        current[0] = previous
+
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, stream: on_stream(stream))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(
+        replay=lambda: launches.append(("replay", current[0]))))
+    stream = SimpleNamespace(synchronize=lambda: None)
+    runner = SimpleNamespace(artifact="m.engine", backend="tensorrt", stream=stream, bind=lambda feeds: None,
+                             enqueue=lambda: launches.append(("enqueue", current[0])))
+    workload = tensorrt_workload(runner, {}, (1, 8), cuda_graph=True)
+    workload.step()
+    assert launches[-1] == ("replay", stream) and workload.clock.stream is stream
+    assert workload.backend == "tensorrt+cuda-graph"

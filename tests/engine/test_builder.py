@@ -50,8 +50,19 @@ def test_build_refuses_a_range_outside_the_export_before_needing_tensorrt(no_ten
 
 
 def test_inspector_layers_split_nodes_into_plugin_and_inlined():
-    as_plugin, inlined = classify_layers(INSPECTOR_JSON, ["agg0", "agg1", "agg2"])
-    assert as_plugin == ["agg0", "agg1"] and inlined == ["agg2"]
+    as_plugin, inlined, unknown = classify_layers(INSPECTOR_JSON, ["agg0", "agg1", "agg2"])
+    assert as_plugin == ["agg0", "agg1"] and inlined == ["agg2"] and unknown == []
+
+
+def test_a_layer_with_a_plugin_type_key_is_a_plugin_layer_whatever_its_layer_type():
+    info = {"Layers": [{"Name": "agg0", "LayerType": "Plugin", "PluginType": "AttnResAggregate"}]}
+    assert classify_layers(info, ["agg0"]) == (["agg0"], [], [])
+
+
+def test_nodes_possibly_inside_a_myelin_foreign_node_are_unknown_not_inlined():
+    info = {"Layers": [{"Name": "agg0", "LayerType": "PluginV3"}, {"Name": "add_1", "LayerType": "ElementWise"},
+                       {"Name": "{ForeignNode[embed...agg3]}", "LayerType": "Myelin"}]}
+    assert classify_layers(info, ["agg0", "add_1", "agg2"]) == (["agg0"], ["add_1"], ["agg2"])
 
 
 def test_embed_plugin_needs_the_dyn_library(tmp_path):
@@ -77,11 +88,13 @@ def test_loading_an_engine_whose_plugin_is_gone_names_the_library_from_the_manif
         TensorRTRunner(engine).activate()
 
 
-def test_an_embedded_plugin_needs_no_library_file(tmp_path):
+def test_an_embedded_plugin_needs_no_library_file_only_when_host_code_is_allowed(tmp_path):
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"")
     write_manifest(engine, manifest(library="/gone/libattnres_trt_dyn.so", embedded=True))
-    assert TensorRTRunner(engine).plugin_to_load() is None
+    assert TensorRTRunner(engine, allow_engine_host_code=True).plugin_to_load() is None
+    with pytest.raises(EngineError, match="--allow-engine-host-code"):
+        TensorRTRunner(engine).plugin_to_load()
 
 
 def test_running_an_engine_without_tensorrt_names_the_fix(no_tensorrt, tmp_path):

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from attnres_export.engine.preflight import preflight, registry_listing
+from tests.engine.conftest import ATTNRES_CREATORS
 from tests.engine.graphs import aggregate_model
 
 REGISTRY = [("AttnResAggregate", "1", "attnres"), ("OtherPlugin", "1", "")]
@@ -56,6 +57,12 @@ def test_function_shadowing_is_a_warning_from_tensorrt_10_7_when_the_node_has_a_
     assert messages(result).startswith("warning:") and "prefers the registered plugin" in messages(result)
 
 
+def test_function_shadowing_keys_on_op_type_alone_as_onnx_tensorrt_does():
+    model = aggregate_model(with_function=True, function_domain="some.other.domain")
+    result = preflight(model, REGISTRY, (10, 3), LIBS)
+    assert not result.ok and "(< 10.7) inlines the function" in messages(result)
+
+
 def test_function_shadowing_without_plugin_namespace_is_fatal_on_any_version():
     registry = [*REGISTRY, ("AttnResAggregate", "1", "")]
     result = preflight(aggregate_model(namespace=None, with_function=True), registry, (11, 1), LIBS)
@@ -86,6 +93,12 @@ def test_registry_listing_reads_v3_creators_from_tensorrt():
     creator = SimpleNamespace(name="AttnResAggregate", plugin_version="1", plugin_namespace="attnres")
     trt = SimpleNamespace(get_plugin_registry=lambda: SimpleNamespace(all_creators=[creator]))
     assert registry_listing(trt) == [("AttnResAggregate", "1", "attnres")]
+
+
+def test_registry_listing_reads_all_creators_only_on_every_tensorrt_version(fake_trt, libraries):
+    assert registry_listing(fake_trt) == []  # empty: no fallback to plugin_creator_list, gone in 11
+    fake_trt.get_plugin_registry().load_library(str(libraries.trt_dyn))
+    assert registry_listing(fake_trt) == ATTNRES_CREATORS
 
 
 def attention_model(inputs: list[str]):

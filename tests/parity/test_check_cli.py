@@ -40,7 +40,7 @@ def test_a_perturbed_onnx_misses_its_bar_and_check_exits_1(artifacts, tmp_path):
 
 def test_a_loose_enough_tol_override_lets_the_perturbed_onnx_pass(artifacts):
     result = invoke(artifacts.checkpoint, "--onnx", artifacts.perturbed, "--shapes", "1,3",
-                    "--tol", "float32:10:-1")
+                    "--tol", "float32:10:0")
     assert result.exit_code == 0, result.output
 
 
@@ -62,3 +62,10 @@ def test_an_engine_without_manifest_is_refused(artifacts, tmp_path):
     engine.write_bytes(b"")
     result = invoke(artifacts.checkpoint, "--engine", engine)
     assert result.exit_code == 1 and "no manifest x.engine.json" in result.output
+
+
+def test_shapes_outside_the_exported_range_or_max_seq_len_are_one_line(artifacts):
+    for shape, needle in (("9,3", "batch 9 is outside the exported range 1..3"), ("1,99", "max_seq_len 16")):
+        result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", shape)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and len(lines) == 1 and needle in lines[0], result.output

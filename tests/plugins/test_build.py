@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnres_export.cli.app import plugin_app
+from attnres_export.cli.framework import plugin_app
 from attnres_export.errors import PluginBuildError
 from attnres_export.plugins import build
 

@@ -5,6 +5,9 @@
  * trt_extra_plugin_lib_paths, trtexec --staticPlugins): a static initializer registers every creator of
  * the one list (pluginCreators) under the namespace it reports, "attnres", which is the key TensorRT's
  * parser looks up with the node's plugin_namespace. REGISTER_TENSORRT_PLUGIN would register under "".
+ *
+ * This file is the only one that imports TensorRT symbols (getPluginRegistry, getLogger, exported by
+ * libnvinfer, which CMake links): libattnres_trt_dyn.so shares every other object and imports none.
  */
 #include "api/attnresPluginCreators.h"
 #include "common/attnresPluginCommon.h"
@@ -31,9 +34,22 @@ char const* creatorNamespace(nvinfer1::IPluginCreatorInterface& creator) noexcep
     return nullptr;
 }
 
+//! Finds TensorRT's global logger: what this library logs through (the _dyn library gets its finder from
+//! IPluginRegistry::loadLibrary instead).
+class GlobalLoggerFinder : public nvinfer1::ILoggerFinder
+{
+public:
+    nvinfer1::ILogger* findLogger() noexcept override
+    {
+        return getLogger();
+    }
+};
+
 //! Registers every creator of pluginCreators(); logs the ones TensorRT refuses (already registered).
 void registerPluginCreators() noexcept
 {
+    static GlobalLoggerFinder loggerFinder{};
+    setPluginLoggerFinder(&loggerFinder);
     try
     {
         int32_t nbCreators = 0;

@@ -143,13 +143,17 @@ int32_t AttnResAggregatePlugin::configurePlugin(
         {
             return -1;
         }
-        mNbSources = nbInputs - 1;
         std::vector<Dims> dims(static_cast<size_t>(nbInputs));
         for (int32_t i = 0; i < nbInputs; ++i)
         {
             dims[static_cast<size_t>(i)] = in[i].desc.dims;
         }
-        return checkShapes(dims.data(), nbInputs) ? 0 : -1;
+        if (!checkShapes(dims.data(), nbInputs))
+        {
+            return -1;
+        }
+        mNbSources = nbInputs - 1;
+        return 0;
     }
     catch (std::exception const& e)
     {
@@ -224,13 +228,17 @@ int32_t AttnResAggregatePlugin::onShapeChange(
         {
             return -1;
         }
-        mNbSources = nbInputs - 1;
         std::vector<Dims> dims(static_cast<size_t>(nbInputs));
         for (int32_t i = 0; i < nbInputs; ++i)
         {
             dims[static_cast<size_t>(i)] = in[i].dims;
         }
-        return checkShapes(dims.data(), nbInputs) ? 0 : -1;
+        if (!checkShapes(dims.data(), nbInputs))
+        {
+            return -1;
+        }
+        mNbSources = nbInputs - 1;
+        return 0;
     }
     catch (std::exception const& e)
     {
@@ -244,6 +252,13 @@ int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, Plugi
 {
     try
     {
+        // enqueue is not told the input count: configurePlugin / onShapeChange recorded it.
+        if (mNbSources < 1)
+        {
+            logError(std::string{kAGGREGATE_NAME}
+                + ": enqueue before configurePlugin / onShapeChange: the number of sources is unknown");
+            return -1;
+        }
         Dims const& dims = inputDesc[1].dims;
         int64_t const d = dims.d[dims.nbDims - 1];
         if (d > std::numeric_limits<int32_t>::max())

@@ -24,8 +24,10 @@ void setPluginLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept
 
 void logPluginMessage(nvinfer1::ILogger::Severity severity, char const* message) noexcept
 {
-    nvinfer1::ILoggerFinder* finder = gLoggerFinder.load();
-    nvinfer1::ILogger* logger = finder != nullptr ? finder->findLogger() : getLogger();
+    // Only the finder: this file links into libattnres_trt_dyn.so, which must import no TensorRT symbol
+    // (registerPlugins.cpp hands libattnres_trt.so a finder that returns getLogger()).
+    nvinfer1::ILoggerFinder* const finder = gLoggerFinder.load();
+    nvinfer1::ILogger* const logger = finder != nullptr ? finder->findLogger() : nullptr;
     if (logger != nullptr)
     {
         logger->log(severity, message);

@@ -38,10 +38,12 @@ namespace plugin
 //! Namespace of every attnres plugin (attnres_export.ops.opset.PLUGIN_NAMESPACE).
 constexpr char const* kPLUGIN_NAMESPACE{"attnres"};
 
-//! Logger finder handed over by IPluginRegistry::loadLibrary (dynamic library only).
+//! The logger finder every message goes through: handed over by IPluginRegistry::loadLibrary
+//! (setLoggerFinder of libattnres_trt_dyn.so), or set at load time by libattnres_trt.so to one that
+//! returns TensorRT's getLogger(). Nothing else here imports a TensorRT symbol.
 void setPluginLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
 
-//! Logs through the finder's logger, else TensorRT's global logger, so errors reach the user's ILogger.
+//! Logs through the finder's logger so errors reach the user's ILogger; dropped while there is none.
 void logPluginMessage(nvinfer1::ILogger::Severity severity, char const* message) noexcept;
 
 //! logPluginMessage at kERROR.
