@@ -1,28 +1,102 @@
-"""Atomic file writes: a crash or Ctrl-C never leaves a half-written file that looks valid."""
+"""Atomic file writes: a crash, Ctrl-C or SIGTERM never leaves a half-written file that looks valid, and never
+leaves debris that the next run to the same output does not clean up (docs/security.md).
+
+Temporary files and folders live beside their output and are named ``.<output name>.<pid>.<random>``: a later run
+to the same output removes those whose process is gone. Creating one and arming its cleanup happens with SIGINT
+and SIGTERM blocked, so an interrupt cannot fall between the two.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
+import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from attnres_export.errors import AttnresError
+
+_DEFERRED = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends (they are delivered right after it)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files and folders that killed runs to ``path`` left beside it."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.")
+    if not path.parent.is_dir():
+        return
+    for entry in path.parent.iterdir():
+        found = pattern.match(entry.name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def temporary_dir_beside(path: Path) -> Iterator[Path]:
+    """A private folder beside ``path`` (same filesystem, so its files can be renamed into place), removed at the
+    end whatever happens."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    folder = None
+    try:
+        with deferred_signals():
+            folder = Path(tempfile.mkdtemp(prefix=_prefix(path), dir=path.parent))
+        yield folder
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_write(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only when the block succeeds."""
     path = Path(path)
+    refuse_non_regular(path, "output")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, default_file_mode())
+    remove_stale_temporaries(path)
+    tmp = None
     try:
+        with deferred_signals():
+            fd, tmp_name = tempfile.mkstemp(prefix=_prefix(path), suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+        os.chmod(tmp, default_file_mode())
         yield tmp
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def default_file_mode() -> int:
@@ -39,3 +113,27 @@ def _umask() -> int:
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(text)
+
+
+def refuse_non_regular(path: Path, option: str) -> None:
+    """An output must be a regular file (or not exist yet): renaming over a device node, a folder or a pipe
+    would replace it, and writing into one reports success for data that went nowhere."""
+    if (path.exists() and not path.is_file()) or (path.is_symlink() and not path.resolve().is_file()):
+        raise AttnresError(f"{option} {path} is not a regular file (a device, folder, pipe or dangling link); "
+                           "write to a file path")
+
+
+def check_outputs(outputs: Mapping[str, Path | None], inputs: Mapping[str, Path | None]) -> None:
+    """Refuse, before any work, outputs that are not regular files or that alias an input or each other.
+
+    Keys are the option names shown in messages (``-o``, ``--report``, ``MODEL``)."""
+    given_outputs = {name: Path(p) for name, p in outputs.items() if p is not None}
+    for name, path in given_outputs.items():
+        refuse_non_regular(path, name)
+    seen: dict[Path, str] = {}
+    for name, path in [*((n, Path(p)) for n, p in inputs.items() if p is not None), *given_outputs.items()]:
+        key = path.resolve()
+        if key in seen:
+            raise AttnresError(f"{name} {path} is the same file as {seen[key]}; choose a different {name} path "
+                               "(an output never replaces an input or another output)")
+        seen[key] = name

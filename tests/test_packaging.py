@@ -42,7 +42,7 @@ def tracked_text_files() -> list[Path]:
 def test_the_import_name_attnres_export_is_used_everywhere() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert config["project"]["name"] == "attnres-export"
-    assert set(config["project"]["scripts"].values()) == {"attnres_export.cli:app", "attnres_export.cli:export_main"}
+    assert set(config["project"]["scripts"].values()) == {"attnres_export.cli:main", "attnres_export.cli:export_main"}
     assert list(config["tool"]["setuptools"]["package-data"]) == ["attnres_export.plugins"]
     assert not (ROOT / "attnres").exists()
     stale = [f"{f.relative_to(ROOT)}:{n}" for f in tracked_text_files()

@@ -7,8 +7,15 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console
+from attnres_export.atomic import check_outputs
+from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import file_size
+
+ORT_TRT_UNSUPPORTED = (
+    "ONNX Runtime's TensorRT execution provider lists only IPluginV2 creators (getPluginCreatorList) and the "
+    "attnres plugins are IPluginV3, so it does not run this file yet (no ONNX Runtime version is known to); "
+    "run TensorRT through `attnres build` (docs/tensorrt.md)"
+)
 
 
 @command(app)
@@ -22,5 +29,8 @@ def convert(
     from attnres_export.graphs.load import load_onnx
     from attnres_export.graphs.targets import convert as convert_model
 
+    check_outputs({"-o": output}, {"SOURCE": source})
     files = save_onnx_atomic(convert_model(load_onnx(source), target), output)
     console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}) for target {target}")
+    if target == "ort-trt":
+        err_console.print(f"[yellow]warning:[/yellow] {ORT_TRT_UNSUPPORTED}")

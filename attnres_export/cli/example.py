@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console
+from attnres_export.cli.framework import app, command, console
 from attnres_export.errors import AttnresError
 
 REALFORMER_EPS = 1e-12

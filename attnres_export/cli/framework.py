@@ -1,14 +1,17 @@
 """The ``attnres`` command line's one path: the typer apps, the consoles, and the ``command`` decorator that
 gives every command (``attnres plugin ...`` included) the same ``--debug`` option and the same error handling.
 
-An ``AttnresError`` (or any other failure) becomes one line on stderr and exit 1, Ctrl-C exit 130; ``--debug``
-shows the traceback instead.
+An ``AttnresError`` (or any other failure) becomes one line on stderr and exit 1; a usage error one line and
+exit 2; Ctrl-C exit 130 and SIGTERM exit 143, both after the temporary files are removed (docs/security.md).
+``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import signal
+import sys
 from collections.abc import Callable
 from typing import Annotated
 
@@ -21,14 +24,14 @@ console = Console()
 if not console.is_terminal:
     console = Console(width=160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-_state = {"debug": False}
+_state: dict = {"debug": False, "signal": None}
 
 app = typer.Typer(help="Export attention-residual transformers to ONNX/TensorRT, verified against PyTorch.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
 export_app = typer.Typer(help="Export an attnres checkpoint to ONNX.", pretty_exceptions_enable=False,
                          add_completion=False)
 plugin_app = typer.Typer(help="Build and locate the CUDA/TensorRT plugin libraries.", no_args_is_help=True,
-                         pretty_exceptions_enable=False, add_completion=False)
+                         pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
 app.add_typer(plugin_app, name="plugin")
 
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
@@ -52,11 +55,12 @@ def command(*apps: typer.Typer, name: str | None = None) -> Callable[[Callable],
             except typer.Exit:
                 raise
             except KeyboardInterrupt:
-                err_console.print("interrupted; no partial output was left behind")
-                raise typer.Exit(130) from None
+                _interrupted()
             except Exception as exc:
                 if _state["debug"]:
                     raise
+                if _state["signal"] is not None:
+                    _interrupted()
                 fail(_one_line(exc))
 
         signature = inspect.signature(fn, eval_str=True)
@@ -66,6 +70,51 @@ def command(*apps: typer.Typer, name: str | None = None) -> Callable[[Callable],
         return run
 
     return register
+
+
+def _on_signal(signum: int, _frame) -> None:
+    """SIGINT and SIGTERM both unwind the command like Ctrl-C, so every ``finally`` removes its temporaries."""
+    _state["signal"] = signum
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> None:
+    """Exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
+
+    An interrupt can also surface as another exception, e.g. an AttributeError from a module whose import it cut
+    short; once a signal arrived, any failure is reported as the interruption."""
+    signum = _state["signal"] or signal.SIGINT
+    err_console.print(f"interrupted ({signal.Signals(signum).name}); no partial output was left behind")
+    raise typer.Exit(128 + signum)
+
+
+def run(application: typer.Typer, prog_name: str) -> None:
+    """Run a typer app as a console script: signals handled, usage errors as one line with exit 2."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        code = typer.main.get_command(application).main(prog_name=prog_name, standalone_mode=False)
+    except KeyboardInterrupt:
+        code = 128 + (_state["signal"] or signal.SIGINT)
+    except Exception as exc:
+        code = _usage_error(exc)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Exception) -> int:
+    """Print a command-line parser's error as one line and return its exit code (2); re-raise anything else.
+
+    Recognised by shape (``format_message`` and ``exit_code``), as click and the copy of click typer vendors
+    both raise them."""
+    code, ctx = getattr(exc, "exit_code", None), getattr(exc, "ctx", None)
+    if not callable(getattr(exc, "format_message", None)) or not isinstance(code, int):
+        raise exc
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        console.print(ctx.get_help())
+        return code
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    err_console.print(f"[red]error:[/red] {exc.format_message()}{where}")
+    return code
 
 
 def _one_line(exc: Exception) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from attnres_export.cli.app import app, command, console
+from attnres_export.cli.framework import app, command, console
 
 
 @command(app)

@@ -6,6 +6,7 @@ path: one line naming the option, exit 1.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -15,15 +16,23 @@ from attnres_export.dims import DimRange
 from attnres_export.dtypes import INPUT_DTYPES, STORAGE_TYPES, Tolerance
 from attnres_export.errors import AttnresError
 
-Seed = Annotated[int, typer.Option(help="Seed of the random inputs.")]
+MAX_DIM = 1 << 20
+"""Largest batch or sequence a range may ask for: beyond it a profile or a check shape cannot be allocated."""
+
+Seed = Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the random inputs.")]
 Tol = Annotated[list[str] | None, typer.Option(help="Override a pass bar: DTYPE:rel_l2:cosine (repeatable).")]
 Shapes = Annotated[list[str] | None, typer.Option(help="B,T shape to run (repeatable) [from the artifact].")]
 Plugin = Annotated[Path | None, typer.Option(help="Plugin library [from the engine manifest, else the latest build].")]
 ReportPath = Annotated[Path | None, typer.Option("--report", help="Write the report as JSON here.")]
 ExampleShape = Annotated[list[str] | None, typer.Option(
     "--example-shape", help="Foreign models: an input's shape NAME:d0,d1,...[:DTYPE] (repeatable).")]
+AllowEngineHostCode = Annotated[bool, typer.Option(
+    help="Allow engine host code (engines built with --embed-plugin): runs code serialized inside the engine; "
+         "only for engines you built or trust.")]
+Strict = Annotated[bool, typer.Option(
+    "--strict", help="Foreign models: fail (write nothing) when a depth aggregation is left unfused.")]
 Vocab = Annotated[int | None, typer.Option(
-    help="Foreign models: integer inputs are drawn from [0, VOCAB) [the size of the table they index, else 2].")]
+    min=1, help="Foreign models: integer inputs are drawn from [0, VOCAB) [the size of the table they index, else 2].")]
 
 
 def parse_range(text: str | None, option: str) -> DimRange | None:
@@ -42,6 +51,8 @@ def parse_range(text: str | None, option: str) -> DimRange | None:
     lo, opt, hi = values
     if not 1 <= lo <= opt <= hi:
         raise AttnresError(f"--{option} {text!r}: need 1 <= MIN <= OPT <= MAX")
+    if hi > MAX_DIM:
+        raise AttnresError(f"--{option} {text!r}: MAX is over {MAX_DIM}; ask for a range a device can hold")
     return DimRange(lo, opt, hi)
 
 
@@ -56,6 +67,8 @@ def parse_tolerances(texts: list[str] | None) -> dict[str, Tolerance]:
             raise AttnresError(f"--tol {text!r}: expected NAME:rel_l2:cosine, e.g. float16:5e-3:0.9999") from None
         if len(parts) != 3 or name not in STORAGE_TYPES:
             raise AttnresError(f"--tol {text!r}: NAME must be one of {', '.join(STORAGE_TYPES)}")
+        if not (math.isfinite(rel) and rel >= 0 and 0 <= cos <= 1):
+            raise AttnresError(f"--tol {text!r}: need a finite rel_l2 >= 0 and 0 <= cosine <= 1")
         overrides[name] = Tolerance(rel, cos)
     return overrides
 
@@ -68,8 +81,8 @@ def parse_shapes(texts: list[str] | None) -> list[tuple[int, int]]:
             batch, seq = (int(p) for p in text.split(","))
         except ValueError:
             raise AttnresError(f"--shapes {text!r}: expected B,T with whole numbers, e.g. 2,64") from None
-        if batch < 1 or seq < 1:
-            raise AttnresError(f"--shapes {text!r}: B and T must be >= 1")
+        if not (1 <= batch <= MAX_DIM and 1 <= seq <= MAX_DIM):
+            raise AttnresError(f"--shapes {text!r}: B and T must be between 1 and {MAX_DIM}")
         shapes.append((batch, seq))
     return shapes
 

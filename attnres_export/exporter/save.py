@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import onnx
 
-from attnres_export.atomic import default_file_mode
+from attnres_export.atomic import default_file_mode, refuse_non_regular, temporary_dir_beside
 from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
 from attnres_export.graphs.schemas import register_schemas
 
@@ -22,9 +21,10 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
     """
     register_schemas()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp_dir:
-        tmp = Path(tmp_dir) / path.name
+    refuse_non_regular(path, "output")
+    refuse_non_regular(path.parent / (path.name + ".data"), "external data file")
+    with temporary_dir_beside(path) as tmp_dir:
+        tmp = tmp_dir / path.name
         external = needs_external_data(model)
         data_name = path.name + ".data"
         if external:
@@ -35,10 +35,10 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
             onnx.save_model(model, str(tmp))
         onnx.checker.check_model(str(tmp), full_check=True)
         written = [path]
-        for produced in Path(tmp_dir).iterdir():
+        for produced in tmp_dir.iterdir():
             os.chmod(produced, default_file_mode())
         if external:
-            os.replace(Path(tmp_dir) / data_name, path.parent / data_name)
+            os.replace(tmp_dir / data_name, path.parent / data_name)
             written.append(path.parent / data_name)
         os.replace(tmp, path)
     return written

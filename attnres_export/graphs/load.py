@@ -1,5 +1,6 @@
-"""The one way an ONNX file is read: a missing, unreadable or non-ONNX file, and an attnres node that breaks the
-op-set contract, are refused with one line before any other code sees the model."""
+"""The one way an ONNX file is read: a missing, unreadable or non-ONNX file, external data outside the model's
+folder, and an attnres node that breaks the op-set contract are refused with one line before any other code
+sees the model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from attnres_export.errors import GraphError
+from attnres_export.graphs.external_data import check_external_data, external_locations
 from attnres_export.graphs.validate import validate_attnres_nodes
 
 
@@ -18,10 +20,21 @@ def load_onnx(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
     if not path.is_file():
         raise GraphError(f"{path}: no such file")
     try:
-        model = onnx.load(str(path), load_external_data=load_external_data)
-    except (DecodeError, OSError, ValueError, RuntimeError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, OSError, ValueError, RuntimeError) as exc:
         raise GraphError(f"{path}: not a readable ONNX model ({type(exc).__name__}); is it corrupted?") from exc
     if not model.graph.node and not model.graph.output:
         raise GraphError(f"{path}: not an ONNX model (no graph in it); pass a .onnx file written by an exporter")
+    check_external_data(model, path)
+    if load_external_data and external_locations(model):
+        try:
+            onnx.load_external_data_for_model(model, str(path.resolve().parent))
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise GraphError(f"{path}: its external data could not be read ({_first_line(exc)})") from exc
     validate_attnres_nodes(model, str(path))
     return model
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

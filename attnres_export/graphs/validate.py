@@ -7,12 +7,11 @@ from __future__ import annotations
 import onnx
 
 from attnres_export.errors import OpSetError
-from attnres_export.graphs.types import value_infos
 from attnres_export.ops.descriptors import OPS, descriptor_of, is_attnres
 
 
 def attnres_node_problems(model: onnx.ModelProto) -> list[str]:
-    """One line per problem of every attnres node (structure first; shapes only when the structure is sound)."""
+    """One line per problem of every attnres node (structure first; then the shapes the file states)."""
     problems = []
     for index, node in enumerate(model.graph.node):
         if not is_attnres(node):
@@ -25,15 +24,28 @@ def attnres_node_problems(model: onnx.ModelProto) -> list[str]:
         problems.extend(f"{label}: {p}" for p in op.node_problems(node))
     if problems:
         return problems
-    infos = value_infos(model) if any(is_attnres(n) for n in model.graph.node) else {}
+    shapes_known = declared_shapes(model)
     for index, node in enumerate(model.graph.node):
         if is_attnres(node):
             op = descriptor_of(node)
-            shapes = [infos[name].shape if name in infos else None for name in op.canonical_inputs(node)]
+            shapes = [shapes_known.get(name) for name in op.canonical_inputs(node)]
             problem = op.shape_problem(shapes)
             if problem:
                 problems.append(f"node {node.name or f'#{index}'!r} ({node.op_type}): {problem}")
     return problems
+
+
+def declared_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Shapes the file states (initializers, graph inputs and outputs, value_info), without shape inference:
+    validation must stay cheap on multi-GB models; an unstated shape is simply not checked here."""
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            shapes[value.name] = tuple(d.dim_value or None for d in tensor.shape.dim)
+    for init in model.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
 
 
 def validate_attnres_nodes(model: onnx.ModelProto, source: str = "the model") -> None:

@@ -46,6 +46,7 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, ModelConfig]:
     path = Path(path)
     payload = _read_payload(path)
     cfg = ModelConfig.from_dict(payload["config"])
+    _check_sizes_before_building(cfg, payload["state_dict"], path)
     model = build_model(cfg)
     _load_state(model, payload["state_dict"], path)
     return model.eval(), cfg
@@ -58,12 +59,14 @@ def _read_payload(path: Path) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
-        if found is None:
+        if found is None and not _is_pickle_stream(path):
             raise CheckpointError(f"{path}: not a PyTorch checkpoint (corrupted, or another format)") from exc
+        what = f"pickled Python objects ({found.group(1)})" if found else "a raw pickle stream"
         raise CheckpointError(
-            f"{path}: holds pickled Python objects ({found.group(1)}), which attnres does not unpickle since "
-            "that can run arbitrary code; save {'format', 'version', 'config', 'state_dict'} "
-            "(docs/models.md#checkpoint-format) "
+            f"{path}: holds {what}, which needs full unpickling, and unpickling runs code from the file, so "
+            f"attnres does not do it. If this is a whole nn.Module you trust, `attnres-export {path.name} "
+            "--trust-pickle --example-shape ...` unpickles it and fuses its aggregations by pattern; otherwise save "
+            "{'format', 'version', 'config', 'state_dict'} as in docs/models.md#checkpoint-format "
             "(attnres_export.models.save_checkpoint)"
         ) from exc
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -87,6 +90,38 @@ def _read_payload(path: Path) -> dict:
     return payload
 
 
+SIZE_KEYS = {
+    "attnres-lm": {"embed.weight": ("vocab_size", "d_model"), "layers.0.mlp.w1.weight": ("d_ff", "d_model")},
+    "realformer": {"embed.tok.weight": ("vocab_size", "d_model"), "embed.pos.weight": ("max_seq_len", "d_model"),
+                   "layers.0.ffn.w1.weight": ("d_ff", "d_model")},
+}
+"""Per arch, state_dict entries whose shapes pin the config's sizes (names of the config fields per axis)."""
+
+MAX_SEQ_LEN = 1 << 20
+"""Longest sequence a config may declare: the rotary tables alone are ``max_seq_len x head_dim`` floats."""
+
+
+def _check_sizes_before_building(cfg: ModelConfig, state: dict, path: Path) -> None:
+    """The config's sizes must match the weights before a model of that size is allocated: a config claiming
+    10**6 layers or a 10**9 vocabulary is refused here instead of exhausting memory in the constructor."""
+    layers = {int(key.split(".")[1]) for key in state if isinstance(key, str) and key.startswith("layers.")
+              and key.split(".")[1].isdigit()}
+    if layers != set(range(cfg.n_layers)):
+        raise CheckpointError(f"{path}: config says n_layers={cfg.n_layers} but the state_dict holds "
+                              f"{len(layers)} layers; fix the config or the weights")
+    if cfg.max_seq_len > MAX_SEQ_LEN:
+        raise CheckpointError(f"{path}: config max_seq_len {cfg.max_seq_len} is over {MAX_SEQ_LEN}; lower it")
+    for key, fields in SIZE_KEYS[cfg.arch].items():
+        value = state.get(key)
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{path}: state_dict has no tensor {key!r}, which a {cfg.arch} model needs")
+        wanted = [getattr(cfg, name) for name in fields]
+        if list(value.shape) != wanted:
+            names = ", ".join(f"{n}={w}" for n, w in zip(fields, wanted, strict=True))
+            raise CheckpointError(f"{path}: state_dict[{key!r}] has shape {list(value.shape)}, but the config says "
+                                  f"{names}; fix the config or the weights")
+
+
 def _load_state(model: nn.Module, state: dict, path: Path) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -108,7 +143,17 @@ def _load_state(model: nn.Module, state: dict, path: Path) -> None:
             )
         if not value.is_floating_point():
             raise CheckpointError(f"{path}: state_dict[{key!r}] is {value.dtype}, expected a floating-point tensor")
+        if not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
+                                  "corrupted (re-save them from a healthy model)")
     model.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+def _is_pickle_stream(path: Path) -> bool:
+    """A file that starts like a pickle (PROTO opcode, protocol 2..5) rather than torch's zip container."""
+    with path.open("rb") as handle:
+        head = handle.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
 def _few(keys: list[str]) -> str:

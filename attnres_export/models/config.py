@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -46,8 +47,8 @@ class ModelConfig:
             yield f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
         elif self.arch == "attnres-lm" and self.n_heads >= 1 and (self.d_model // self.n_heads) % 2:
             yield f"head size {self.d_model // self.n_heads} must be even for rotary embeddings"
-        if not self.eps >= 0:
-            yield f"eps must be >= 0, got {self.eps}"
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            yield f"eps must be a finite number >= 0, got {self.eps}"
 
     @property
     def head_dim(self) -> int:

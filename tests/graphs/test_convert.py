@@ -72,3 +72,15 @@ def test_converting_a_foreign_graph_without_attnres_records_is_refused(exported)
 def test_unknown_target_is_refused(exported):
     with pytest.raises(GraphError, match="unknown target"):
         convert(exported, "tflite")
+
+
+def test_converting_to_ort_trt_warns_that_no_onnx_runtime_runs_it_yet(exported, tmp_path):
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    source = tmp_path / "m.onnx"
+    onnx.save(exported, str(source))
+    result = CliRunner().invoke(app, ["convert", str(source), "--target", "ort-trt", "-o", str(tmp_path / "o.onnx")])
+    assert result.exit_code == 0, result.output
+    assert "IPluginV2 creators" in result.output and "not run this file yet" in result.output
