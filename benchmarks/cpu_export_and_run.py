@@ -2,9 +2,10 @@
 ``portable`` artifact and ONNX Runtime on the ``tensorrt`` artifact with the NumPy reference op, in one run.
 
 Model: 12 layers, d_model 512, Block AttnRes (S = 4), batch 4 x 128 tokens. Run from the repository root:
-    python benchmarks/cpu_export_and_run.py [--repeats 20] [--threads 2]
+    python benchmarks/cpu_export_and_run.py [--repeats 20] [--threads 2] [--layers 12] [--block-size 4]
 Figures are medians of rounds in which the backends run in turn; ratios are against PyTorch eager in the same
-run (machines here are shared).
+run (machines here are shared). torch and ONNX Runtime use the same number of intra-op threads, and CPU time
+(this process, all threads) is reported beside wall time, so that a neighbour's load shows as a gap between them.
 """
 
 from __future__ import annotations
@@ -35,38 +36,44 @@ CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=
 BATCH, SEQ = 4, 128
 
 
-def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call, running the calls in turn so that load from other processes hits all alike."""
+def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int,
+                        warmup: int = 2) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per call, running the calls in turn so that load from other processes hits all
+    alike."""
     for _ in range(warmup):
         for call in calls.values():
             call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             call()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+            for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (ONNX Runtime: one per core)")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of torch and ONNX Runtime alike")
+    parser.add_argument("--layers", type=int, default=CONFIG.n_layers)
+    parser.add_argument("--block-size", type=int, default=CONFIG.block_size, help="0 = Full AttnRes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    config = ModelConfig(**{**CONFIG.to_dict(), "n_layers": args.layers, "block_size": args.block_size})
     console = Console()
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "bench.pt"
-        model = make_example(CONFIG, seed=0)
-        save_checkpoint(model, CONFIG, ckpt)
+        model = make_example(config, seed=0)
+        save_checkpoint(model, config, ckpt)
         opts = ExportOptions(ckpt, Path(tmp) / "bench.onnx", batch=DimRange(1, BATCH, 8),
                              seq=DimRange(1, SEQ, 512), check=False)
         with console.status("exporting (tensorrt target)"):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             result = export_checkpoint(opts)
-            export_s = time.perf_counter() - start
+            export_s, export_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         fused = onnx.load(str(result.path))
         portable = convert(fused, "portable")
         portable_path = Path(tmp) / "bench.portable.onnx"
@@ -76,8 +83,8 @@ def main() -> None:
         feeds = model.random_inputs(BATCH, SEQ, np.random.default_rng(0))
         runners = {
             "PyTorch eager (float32)": TorchRunner(model, list(model.output_names)),
-            "ONNX Runtime, portable": OnnxRuntimeRunner(portable),
-            "ONNX Runtime, tensorrt + NumPy reference op": OnnxRuntimeRunner(fused),
+            "ONNX Runtime, portable": OnnxRuntimeRunner(portable, threads=args.threads),
+            "ONNX Runtime, tensorrt + NumPy reference op": OnnxRuntimeRunner(fused, threads=args.threads),
         }
         for runner in runners.values():
             runner.activate()
@@ -87,17 +94,19 @@ def main() -> None:
         for runner in runners.values():
             runner.deactivate()
 
-    console.print(f"model: {CONFIG.n_layers} layers, d_model {CONFIG.d_model}, Block AttnRes S={CONFIG.block_size}, "
-                  f"vocab {CONFIG.vocab_size}, {result.fused_nodes} aggregations; batch {BATCH} x {SEQ} tokens; "
-                  f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}")
-    console.print(f"export (tensorrt target, incl. tracing and onnx.checker): {export_s:.1f} s; ONNX size: "
-                  f"tensorrt {sizes['tensorrt'] / 1e6:.1f} MB, portable {sizes['portable'] / 1e6:.1f} MB")
+    console.print(f"model: {config.n_layers} layers, d_model {config.d_model}, block size {config.block_size} "
+                  f"(0 = Full), vocab {config.vocab_size}, {result.fused_nodes} aggregations; batch {BATCH} x {SEQ} "
+                  f"tokens; {platform.processor() or platform.machine()}, {args.threads} threads for torch and ONNX "
+                  f"Runtime, torch {torch.__version__}")
+    console.print(f"export (tensorrt target, incl. tracing and onnx.checker): {export_s:.1f} s wall, "
+                  f"{export_cpu_s:.1f} s CPU; ONNX size: tensorrt {sizes['tensorrt'] / 1e6:.1f} MB, "
+                  f"portable {sizes['portable'] / 1e6:.1f} MB")
     table = Table(title=f"median latency over {args.repeats} interleaved rounds")
-    for column in ("backend", "median ms", "vs PyTorch"):
+    for column in ("backend", "median ms", "CPU ms", "vs PyTorch (wall)"):
         table.add_column(column, justify="left" if column == "backend" else "right")
-    base = latencies["PyTorch eager (float32)"]
-    for name, seconds in latencies.items():
-        table.add_row(name, f"{seconds * 1e3:.1f}", f"{seconds / base:.2f}x")
+    base = latencies["PyTorch eager (float32)"][0]
+    for name, (wall, cpu) in latencies.items():
+        table.add_row(name, f"{wall * 1e3:.1f}", f"{cpu * 1e3:.1f}", f"{wall / base:.2f}x")
     console.print(table)
 
 

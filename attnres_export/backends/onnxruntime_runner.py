@@ -31,8 +31,11 @@ class OnnxRuntimeRunner(Runner):
 
     name = "onnxruntime"
 
-    def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "") -> None:
+    def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "",
+                 threads: int | None = None) -> None:
         self.providers = providers or ["CPUExecutionProvider"]
+        self.threads = threads
+        """Intra-op threads (None: ONNX Runtime's default, one per core); benchmarks pin it to torch's count."""
         self.artifact = artifact or (str(model) if isinstance(model, Path) else "")
         self.session = None
         if isinstance(model, Path):
@@ -54,6 +57,9 @@ class OnnxRuntimeRunner(Runner):
             model = emulate_bfloat16(model)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if self.threads is not None:
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
         if self.uses_reference_ops:
             model = reference_ops.with_reference_ops(model)
             options.register_custom_ops_library(reference_ops.library_path())

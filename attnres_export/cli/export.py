@@ -7,11 +7,13 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console, export_app, fail
+from attnres_export.atomic import check_outputs
+from attnres_export.cli.framework import app, command, console, err_console, export_app, fail
 from attnres_export.cli.options import (
     ExampleShape,
     ReportPath,
     Seed,
+    Strict,
     Tol,
     Vocab,
     file_size,
@@ -44,9 +46,10 @@ def export(
     imports: Annotated[list[str] | None, typer.Option(
         "--import", help="Module to import before unpickling, for the model's classes (repeatable).")] = None,
     vocab: Vocab = None,
+    strict: Strict = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
-    from attnres_export.cli.render import fusion_table, report_table
+    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
     from attnres_export.exporter.export import ExportOptions
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions, export_any
 
@@ -56,19 +59,24 @@ def export(
         checkpoint=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
     )
-    foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, imports or [], vocab)
+    check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
+    foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
     with console.status("exporting") as status:
         result = export_any(opts, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
+        if (warning := unfused_warning(result.fusion)) is not None:
+            err_console.print(warning)
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
                   f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
     if result.report is None:
         return
-    console.print(report_table(result.report))
+    reference = result.report.extra.get("reference", "the float32 PyTorch reference")
+    console.print(report_table(result.report, f"Parity against {reference}"))
     if report is not None:
         result.report.write_json(report)
         console.print(f"report: {report}")
     if not result.report.ok:
-        fail("parity check failed: an output missed its bar (see the table)")
+        fail(f"parity check failed: an output missed its bar (see the table); the model was kept as {result.path} "
+             f"for inspection, and {opts.resolved_output()} was not written")

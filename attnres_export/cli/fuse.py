@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.app import app, command, console, fail
-from attnres_export.cli.options import ExampleShape, ReportPath, Seed, Vocab, file_size, parse_example_shapes
+from attnres_export.atomic import check_outputs
+from attnres_export.cli.framework import app, command, console, err_console, fail
+from attnres_export.cli.options import ExampleShape, ReportPath, Seed, Strict, Vocab, file_size, parse_example_shapes
 
 
 @command(app)
@@ -20,25 +21,33 @@ def fuse(
     example_shape: ExampleShape = None,
     vocab: Vocab = None,
     seed: Seed = 0,
+    strict: Strict = False,
 ) -> None:
     """Replace every verified depth aggregation of MODEL by one AttnResAggregate node, then check parity."""
     from attnres_export.atomic import write_text_atomic
-    from attnres_export.cli.render import fusion_table, report_table
-    from attnres_export.exporter.save import save_onnx_atomic
+    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.exporter.export import publish
+    from attnres_export.exporter.foreign import refuse_unfused
     from attnres_export.graphs.fusion import random_feeds
     from attnres_export.graphs.load import load_onnx
     from attnres_export.parity.fusion_checks import fuse_and_check
 
+    check_outputs({"-o": output, "--report": report}, {"MODEL": model})
     original = load_onnx(model)
     shapes = {name: dims for name, (dims, _) in parse_example_shapes(example_shape).items()}
     with console.status("finding and verifying aggregations"):
         fusion, parity = fuse_and_check(original, random_feeds(original, seed, shapes, vocab), seed=seed)
     console.print(fusion_table(fusion))
+    if (warning := unfused_warning(fusion)) is not None:
+        err_console.print(warning)
+    refuse_unfused(fusion, strict)
     console.print(report_table(parity, "Whole-model parity: fused against the original (ONNX Runtime CPU)"))
+    written, files = publish(fusion.model, output, parity, lambda _: None)
     if report is not None:
-        write_text_atomic(report, json.dumps({**fusion.to_dict(), "parity": parity.to_dict()}, indent=2) + "\n")
+        data = {**fusion.to_dict(), "parity": parity.to_dict(), "onnx": str(written)}
+        write_text_atomic(report, json.dumps(data, indent=2) + "\n")
         console.print(f"report: {report}")
     if not parity.ok:
-        fail("the fused model does not match the original (see the table); nothing was written")
-    files = save_onnx_atomic(fusion.model, output)
+        fail(f"the fused model does not match the original (see the table); it was kept as {written} for "
+             f"inspection, and {output} was not written")
     console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}): {fusion.fused} AttnResAggregate nodes")

@@ -14,6 +14,7 @@ import onnx
 import torch
 
 from attnres_export import __version__
+from attnres_export.atomic import check_outputs
 from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.backends.torch_runner import TorchRunner
 from attnres_export.dims import DimRange
@@ -77,6 +78,7 @@ def validate_options(opts: ExportOptions) -> None:
 def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
     """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input."""
     validate_options(opts)
+    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
     status(f"loading {opts.checkpoint}")
     model, cfg = load_checkpoint(opts.checkpoint)
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
@@ -100,14 +102,25 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         onnx_model = convert(onnx_model, opts.target)
 
     out = opts.resolved_output()
-    status(f"checking and writing {out}")
-    files = save_onnx_atomic(onnx_model, out)
-
-    report = None
-    if opts.check:
-        report = check_export(model, onnx_model, out, ranges, opts, status)
+    report = check_export(model, onnx_model, out, ranges, opts, status) if opts.check else None
+    out, files = publish(onnx_model, out, report, status)
+    if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out)})
     return ExportResult(out, files, fused, expected, report, fused_by_type)
+
+
+def failed_path(out: Path) -> Path:
+    """Where a model that missed its parity bar is kept: ``OUT.failed.onnx`` beside ``OUT``."""
+    return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
+
+
+def publish(model: onnx.ModelProto, out: Path, report: Report | None,
+            status: Callable[[str], None]) -> tuple[Path, list[Path]]:
+    """Write ``model`` to ``out`` when its check passed (or did not run), else to ``OUT.failed.onnx``: a model
+    that failed its check never replaces a good file (docs/security.md)."""
+    target = out if report is None or report.ok else failed_path(out)
+    status(f"checking and writing {target}")
+    return target, save_onnx_atomic(model, target)
 
 
 def _export(model: torch.nn.Module, ranges: dict[str, DimRange], opts: ExportOptions) -> onnx.ModelProto:

@@ -20,17 +20,18 @@ import torch
 from torch import nn
 
 from attnres_export import __version__
+from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError
-from attnres_export.exporter.export import ExportOptions, ExportResult, export_checkpoint, validate_options
-from attnres_export.exporter.save import save_onnx_atomic
+from attnres_export.exporter.export import ExportOptions, ExportResult, export_checkpoint, publish, validate_options
+from attnres_export.exporter.pt2_archive import unsafe_members
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
-from attnres_export.graphs.fusion import FusionResult, random_feeds
+from attnres_export.graphs.fusion import FusionResult, fuse_model, random_feeds
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.ops.opset import AGGREGATE
-from attnres_export.parity.fusion_checks import fuse_and_check, whole_model_parity
+from attnres_export.parity.fusion_checks import onnxruntime_numerics, whole_model_parity
 
 PICKLE_RISK = (
     "holds a pickled Python object; unpickling runs arbitrary code from the file, so attnres does not do it "
@@ -47,6 +48,8 @@ class ForeignOptions:
     example_shapes: dict[str, tuple[list[int], str]] = field(default_factory=dict)
     """NAME -> (shape, dtype) of example inputs, from ``--example-shape NAME:d0,d1[:DTYPE]``."""
     trust_pickle: bool = False
+    strict: bool = False
+    """Fail (and write nothing) when a depth aggregation is left unfused."""
     imports: list[str] = field(default_factory=list)
     vocab: int | None = None
     """Integer inputs are drawn from [0, vocab); default: the size of the table they index (ONNX) or the module's
@@ -84,54 +87,138 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
     if kind == "checkpoint":
         return export_checkpoint(opts, status)
     validate_options(opts)
+    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
     if opts.dtype != "float32":
         raise ExportError("--dtype: foreign models (.onnx, .pt2, pickled modules) are exported as they are "
                           "(float32); convert the source model to change its precision")
     status(f"loading {opts.checkpoint}")
-    original, feeds = _load(kind, opts, foreign)
+    return export_source(_load(kind, opts, foreign), opts, foreign.strict, status)
+
+
+def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = False,
+                  status: Callable[[str], None] = lambda _: None) -> ForeignExportResult:
+    """Fuse a foreign model's ONNX, convert it for the target, check it against its reference, write it."""
+    original, feeds = source.onnx, source.feeds
     status("finding and verifying aggregations")
-    fusion, report = fuse_and_check(original, feeds, seed=opts.seed, check=opts.check)
+    fusion = fuse_model(original, feeds, onnxruntime_numerics(), opts.seed)
+    refuse_unfused(fusion, strict)
     model = fusion.model
     set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": "float32",
-                                                 "target": opts.target, "source": kind, "fused": fusion.fused}))
+                                                 "target": opts.target, "source": source.kind,
+                                                 "fused": fusion.fused}))
     if opts.target != "tensorrt":
         model = convert(model, opts.target)
-        if opts.check:
-            report = whole_model_parity(model, feeds, fusion.values, original)
-    out = opts.resolved_output()
-    status(f"checking and writing {out}")
-    files = save_onnx_atomic(model, out)
+    report = None
+    if opts.check:
+        status(f"parity against {source.reference}")
+        expected = source.run_reference(feeds) if source.run_reference else fusion.values
+        report = whole_model_parity(model, feeds, expected, original, artifact=f"exported vs {source.reference}")
+    out, files = publish(model, opts.resolved_output(), report, status)
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": "float32", "fused_nodes": fusion.fused,
-                             "onnx": str(out), "fusion": fusion.to_dict()})
+                             "onnx": str(out), "reference": source.reference, "fusion": fusion.to_dict()})
     return ForeignExportResult(out, files, fusion.fused, fusion.fused, report,
                                {AGGREGATE: fusion.fused} if fusion.fused else {}, fusion=fusion)
 
 
-def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+@dataclass
+class ForeignSource:
+    """A foreign model as ONNX, the feeds of its checks, and what it is checked against."""
+
+    kind: str
+    """``onnx``, ``program`` or ``module``."""
+    onnx: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    reference: str
+    """What the exported model is compared with: the PyTorch program or module, or (ONNX input) the input graph."""
+    run_reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    """Outputs of the PyTorch reference on feeds, keyed by ONNX output name (None: the input graph is the reference,
+    and the fusion's own run of it serves)."""
+
+
+def refuse_unfused(fusion: FusionResult, strict: bool) -> None:
+    """With ``--strict``, a depth aggregation left as standard ops is an error (nothing is written)."""
+    left = fusion.unfused_depth
+    if strict and left:
+        raise ExportError(f"--strict: {len(left)} depth aggregation(s) were not fused (first: {left[0].site}: "
+                          f"{left[0].reason}); drop --strict to write the model with them as standard ops")
+
+
+def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSource:
     path = opts.checkpoint
     if not path.is_file():
         raise ExportError(f"{path}: no such file")
     shapes = {name: dims for name, (dims, _) in foreign.example_shapes.items()}
     if kind == "onnx":
         model = load_onnx(path)
-        return model, random_feeds(model, opts.seed, shapes, foreign.vocab)
+        return ForeignSource("onnx", model, random_feeds(model, opts.seed, shapes, foreign.vocab),
+                             "the input ONNX graph")
     if kind == "program":
-        program = load_program(path)
+        program = load_program(path, foreign.trust_pickle)
         args, kwargs = program.example_inputs or ((), {})
         model, feeds = _onnx_with_feeds(program, args, kwargs, None, opts.opset)
         if shapes or feeds is None:
             feeds = random_feeds(model, opts.seed, shapes, foreign.vocab)
-        return model, feeds
+        return ForeignSource("program", model, feeds, "the PyTorch program",
+                             _torch_reference(program.module(), model, len(args), list(kwargs)))
     module = load_pickled_module(path, foreign)
     kwargs = _example_inputs(foreign, _vocab(module, foreign), opts.seed)
     dynamic = {name: dict.fromkeys(range(t.dim()), torch.export.Dim.AUTO) for name, t in kwargs.items()}
-    model, feeds = _onnx_with_feeds(module, (), kwargs, dynamic, opts.opset)
-    return model, feeds
+    return module_source(module, (), kwargs, dynamic, opts.opset)
 
 
-def load_program(path: Path) -> torch.export.ExportedProgram:
-    """``torch.export.load``, with one line when the file is not an ExportedProgram."""
+def module_source(module: nn.Module, args: tuple, kwargs: dict, dynamic: dict | None, opset: int) -> ForeignSource:
+    """A module in this process as a foreign source: exported to ONNX, checked against the module itself."""
+    model, feeds = _onnx_with_feeds(module, args, kwargs, dynamic, opset)
+    if feeds is None:
+        raise ExportError("the module needs example inputs to be exported and checked")
+    return ForeignSource("module", model, feeds, "the PyTorch module",
+                         _torch_reference(module, model, len(args), list(kwargs)))
+
+
+def _torch_reference(module: Callable, model: onnx.ModelProto, n_args: int,
+                     kwarg_names: list[str]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Run ``module`` itself on ONNX-keyed feeds: the first ``n_args`` graph inputs are positional, the rest are
+    the keyword arguments, in order; outputs are matched to the graph outputs in order."""
+    inputs = _graph_inputs(model)
+    outputs = [o.name for o in model.graph.output]
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in inputs]
+        with torch.inference_mode():
+            result = module(*tensors[:n_args], **dict(zip(kwarg_names, tensors[n_args:], strict=True)))
+        flat = _flatten(result)
+        if len(flat) != len(outputs):
+            raise ExportError(f"the PyTorch reference returns {len(flat)} tensors for {len(outputs)} ONNX outputs; "
+                              "return the model's outputs as a tensor or a flat tuple")
+        return {name: t.detach().float().numpy() for name, t in zip(outputs, flat, strict=True)}
+
+    return run
+
+
+def _flatten(result) -> list[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, dict):
+        result = list(result.values())
+    return [t for item in result for t in _flatten(item)] if isinstance(result, list | tuple) else []
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
+
+
+def load_program(path: Path, trust_pickle: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export.load``, only after the archive was inspected: a member that would be unpickled (code runs)
+    is refused unless ``trust_pickle``; one line when the file is not an ExportedProgram."""
+    unsafe = unsafe_members(path)
+    if unsafe and not trust_pickle:
+        more = f" and {len(unsafe) - 1} more" if len(unsafe) > 1 else ""
+        raise ExportError(f"{path}: {unsafe[0]}{more} would be unpickled by torch.export.load, which runs code from "
+                          "the file; attnres does not do that unless you pass --trust-pickle (only for files you "
+                          "trust). Re-save tensors as plain weights: torch.export.save of a program whose constants "
+                          "are tensors")
     quiet = logging.getLogger("torch.export")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
@@ -197,7 +284,7 @@ def _onnx_with_feeds(model, args: tuple, kwargs: dict, dynamic: dict | None,
                                       opset_version=opset)
     model_proto = program.model_proto
     tensors = [*args, *kwargs.values()]
-    inputs = [i.name for i in model_proto.graph.input if i.name not in {t.name for t in model_proto.graph.initializer}]
+    inputs = _graph_inputs(model_proto)
     if not tensors:
         return model_proto, None
     if len(inputs) != len(tensors):

@@ -14,6 +14,7 @@ from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
+from attnres_export.exporter.optimize import optimize_exported
 from attnres_export.graphs.schemas import register_schemas, trace_schema
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
@@ -31,8 +32,9 @@ def translation_table() -> dict:
 
 
 def quiet_torch_onnx_export(model, args: tuple, **options):
-    """``torch.onnx.export(dynamo=True, optimize=True)`` with its console chatter captured; a failure becomes one
-    ExportError naming the root cause. The exporter's logger level is restored afterwards."""
+    """``torch.onnx.export(dynamo=True)`` and our optimizer (``exporter/optimize.py``: onnxscript's rewrite rules
+    would drop a small eps), with the console chatter captured; a failure becomes one ExportError naming the root
+    cause. The exporter's logger level is restored afterwards."""
     logger = logging.getLogger("torch.onnx")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -40,7 +42,9 @@ def quiet_torch_onnx_export(model, args: tuple, **options):
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             warnings.simplefilter("ignore")
-            return torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False, **options)
+            program = torch.onnx.export(model, args, dynamo=True, optimize=False, verbose=False, **options)
+            optimize_exported(program.model)
+            return program
     except Exception as exc:
         raise ExportError(f"torch.onnx.export failed: {_summary(exc)} (run with --debug for the full trace)") from exc
     finally:

@@ -88,3 +88,30 @@ def test_pt2_file_that_is_not_an_exported_program_is_refused_in_one_line(tmp_pat
     result = invoke("export", path, "-o", tmp_path / "x.onnx")
     assert result.exit_code == 1
     assert "not a torch.export program" in result.output and "Traceback" not in result.output
+
+
+def test_pt2_parity_is_against_the_pytorch_program_so_an_exporter_error_fails(tmp_path, monkeypatch):
+    """An ONNX that drifted from PyTorch while exporting (simulated: one weight scaled by 1.01) still matches its
+    own unfused graph; only the comparison with the program itself catches it."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from attnres_export.exporter import foreign
+
+    exported = foreign._onnx_with_feeds
+
+    def drifting(*args, **kwargs):
+        model, feeds = exported(*args, **kwargs)
+        weight = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
+        return model, feeds
+
+    monkeypatch.setattr(foreign, "_onnx_with_feeds", drifting)
+    program = save_program(StackEinsumLM().eval(), tmp_path / "m.pt2")
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    result = invoke("export", program, "-o", out, "--report", report)
+    assert result.exit_code == 1, result.output
+    data = json.loads(report.read_text())
+    assert data["reference"] == "the PyTorch program" and not data["ok"]
+    assert data["checks"][0]["artifact"] == "exported vs the PyTorch program"
+    assert not out.exists() and (tmp_path / "m.failed.onnx").exists()

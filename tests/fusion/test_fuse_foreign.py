@@ -61,7 +61,7 @@ def test_a_softmax_over_tokens_is_rejected_because_it_weighs_no_stack_of_sources
         "the weighted tensor could not be traced to separate source tensors (not a stack)"}
 
 
-def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_are_rejected(tmp_path):
+def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_are_classified_as_attention(tmp_path):
     from typer.testing import CliRunner
 
     from attnres_export.cli import app
@@ -76,4 +76,22 @@ def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_ar
     result = runner.invoke(app, ["fuse", str(portable), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert fused_count(onnx.load(str(out))) == 5
-    assert "7 found, 5 fused, 2 rejected" in result.output
+    assert "5 found, 5 fused, 0 left unfused; 2 attention and 0 other softmaxes" in result.output
+    assert "warning" not in result.output
+
+
+def test_unfused_depth_aggregations_warn_and_fail_with_strict(tmp_path):
+    """NoNormLM aggregates over depth without normalized keys: a depth aggregation that is not AttnRes."""
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    source = tmp_path / "nonorm.onnx"
+    onnx.save(plain_onnx(NEGATIVE["no-norm"], opset=18), str(source))
+    runner = CliRunner()
+    result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
+    assert result.exit_code == 0, result.output
+    assert "5 depth aggregation(s) were not fused" in result.output
+    strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
+    assert strict.exit_code == 1 and "--strict: 5 depth aggregation(s) were not fused" in strict.output
+    assert not (tmp_path / "b.onnx").exists()

@@ -17,9 +17,10 @@ import onnx
 from onnx import helper as oh
 
 from attnres_export.graphs.fusion.capture import capture_all
+from attnres_export.graphs.fusion.classify import ATTENTION, DEPTH, OTHER, activations, classify_unmatched
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.match import match_site
+from attnres_export.graphs.fusion.match import SiteMatch, match_site
 from attnres_export.graphs.fusion.numerics import Numerics
 from attnres_export.graphs.fusion.probe import eps_candidates, fit_single_source, probe_score_weight
 from attnres_export.graphs.fusion.region import extract_region, region_model
@@ -28,13 +29,14 @@ from attnres_export.graphs.fusion.verify import FusedEvaluator, verify
 from attnres_export.graphs.onnx_utils import default_opset
 from attnres_export.graphs.schemas import register_schemas
 
+ATTENTION_REASON = "attention over tokens (scores from two activations), not a depth aggregation: left alone"
 MIN_SOFTMAX_OPSET = 13
 """Before opset 13 Softmax flattens its input to 2-D, which no aggregation here is written for."""
 
 
 @dataclass
 class SiteOutcome:
-    """What happened to one Softmax."""
+    """What happened to one Softmax, and what it is (``depth aggregation``, ``attention`` or ``other softmax``)."""
 
     site: str
     fused: bool
@@ -42,6 +44,7 @@ class SiteOutcome:
     sources: int | None = None
     eps: float | None = None
     rel_l2: float | None = None
+    kind: str = DEPTH
 
 
 @dataclass
@@ -55,8 +58,17 @@ class FusionResult:
     def fused(self) -> int:
         return sum(s.fused for s in self.sites)
 
+    def count(self, kind: str) -> int:
+        return sum(s.kind == kind for s in self.sites)
+
+    @property
+    def unfused_depth(self) -> list[SiteOutcome]:
+        """Depth aggregations left as standard ops: they run, but slower and without the plugin."""
+        return [s for s in self.sites if s.kind == DEPTH and not s.fused]
+
     def to_dict(self) -> dict:
-        return {"sites_found": len(self.sites), "fused": self.fused, "rejected": len(self.sites) - self.fused,
+        return {"sites_found": self.count(DEPTH), "fused": self.fused, "rejected": len(self.unfused_depth),
+                "attention": self.count(ATTENTION), "other": self.count(OTHER),
                 "sites": [asdict(s) for s in self.sites]}
 
 
@@ -68,25 +80,34 @@ def fuse_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], numerics: N
     index = GraphIndex(model)
     outcomes, replacements = [], []
     softmaxes = [n for n in index.nodes if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+    depends_on_input = activations(index)
     for number, node in enumerate(softmaxes):
         label = node.name or node.output[0]
         if default_opset(model) < MIN_SOFTMAX_OPSET:
-            outcomes.append(SiteOutcome(label, False, f"Softmax of opset < {MIN_SOFTMAX_OPSET} is not handled"))
+            outcomes.append(SiteOutcome(label, False, f"Softmax of opset < {MIN_SOFTMAX_OPSET} is not handled",
+                                        kind=OTHER))
             continue
         try:
-            replacement, outcome = _fuse_site(index, node, values, f"attnres_fusion/aggregate_{number}", seed,
+            match = match_site(index, node, values)
+        except Rejected as exc:
+            kind = classify_unmatched(index, node, depends_on_input)
+            reason = ATTENTION_REASON if kind == ATTENTION else str(exc)
+            outcomes.append(SiteOutcome(label, False, reason, kind=kind))
+            continue
+        try:
+            replacement, outcome = _fuse_site(index, match, values, f"attnres_fusion/aggregate_{number}", seed,
                                               numerics)
         except Rejected as exc:
-            outcomes.append(SiteOutcome(label, False, str(exc)))
+            outcomes.append(SiteOutcome(label, False, str(exc), sources=len(match.sources)))
             continue
         replacements.append(replacement)
         outcomes.append(outcome)
     return FusionResult(apply_replacements(model, replacements), outcomes, values)
 
 
-def _fuse_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray], name: str,
+def _fuse_site(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarray], name: str,
                seed: int, numerics: Numerics) -> tuple[Replacement, SiteOutcome]:
-    match = match_site(index, softmax, values)
+    softmax = match.softmax
     example = values[match.sources[0]]
     single = len(set(match.sources)) == 1
     evaluate = _evaluator(index, match.sources, match.output, values, numerics)

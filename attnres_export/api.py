@@ -1,0 +1,64 @@
+"""The Python API, for models that exist only in a Python process (Hugging Face models with remote code,
+research code): the same pipeline and the same result objects as ``attnres-export`` and ``attnres fuse``.
+
+    from attnres_export.api import export, fuse
+
+    result = export(model, (input_ids,), "model.onnx")      # ForeignExportResult: .path, .report, .fusion
+    fusion, report = fuse(onnx.load("plain.onnx"))           # FusionResult (.model, .sites), Report
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from attnres_export.dims import DimRange
+from attnres_export.dtypes import Tolerance
+from attnres_export.exporter.export import DEFAULT_OPSET, ExportOptions, validate_options
+from attnres_export.exporter.foreign import ForeignExportResult, export_source, module_source, refuse_unfused
+from attnres_export.graphs.fusion import FusionResult, random_feeds
+from attnres_export.graphs.validate import validate_attnres_nodes
+from attnres_export.parity.fusion_checks import fuse_and_check
+from attnres_export.parity.report import Report
+
+
+def export(module: nn.Module, example_inputs: tuple | Mapping[str, torch.Tensor], output: str | Path, *,
+           target: str = "tensorrt", opset: int = DEFAULT_OPSET, dynamic_shapes: dict | tuple | None = None,
+           check: bool = True, seed: int = 0, strict: bool = False,
+           tolerances: Mapping[str, Tolerance] | None = None) -> ForeignExportResult:
+    """Export ``module`` (float32, eval mode) to ONNX with its depth aggregations fused, checked against the module
+    itself on ``example_inputs`` (positional tensors, or keyword tensors by argument name).
+
+    ``dynamic_shapes`` is passed to ``torch.export`` as is. A model that misses its bar is written to
+    ``OUT.failed.onnx`` and ``result.report.ok`` is False; errors are ``attnres_export.errors.AttnresError``.
+    """
+    args, kwargs = ((), dict(example_inputs)) if isinstance(example_inputs, Mapping) else (tuple(example_inputs), {})
+    opts = ExportOptions(checkpoint=Path(f"<{type(module).__name__}>"), output=Path(output), target=target, opset=opset,
+                         batch=DimRange(1, 1, 1), check=check, seed=seed, tolerances=dict(tolerances or {}))
+    validate_options(opts)
+    source = module_source(module.eval().float(), args, kwargs, dynamic_shapes, opset)
+    return export_source(source, opts, strict)
+
+
+def fuse(model: onnx.ModelProto | str | Path, *, feeds: Mapping[str, np.ndarray] | None = None,
+         example_shapes: Mapping[str, list[int]] | None = None, vocab: int | None = None, seed: int = 0,
+         check: bool = True, strict: bool = False) -> tuple[FusionResult, Report | None]:
+    """Fuse the depth aggregations of an ONNX model; ``fusion.model`` is the fused model (nothing is written).
+
+    ``feeds`` drive the reference run (random ones from the declared shapes, or ``example_shapes``, by default);
+    with ``check`` the fused model is compared with the original on them.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        from attnres_export.graphs.load import load_onnx
+
+        model = load_onnx(Path(model))
+    validate_attnres_nodes(model)
+    inputs = dict(feeds) if feeds is not None else random_feeds(model, seed, dict(example_shapes or {}), vocab)
+    fusion, report = fuse_and_check(model, inputs, seed=seed, check=check)
+    refuse_unfused(fusion, strict)
+    return fusion, report
