@@ -1,17 +1,22 @@
 """The ``attnres`` command line (typer); ``attnres-export`` is ``attnres export``.
 
 Each command lives in its own module of this package and registers itself through ``app.command`` when
-imported; ``app.py`` holds the one error path and ``options.py`` the options several commands share.
+imported; ``framework.py`` holds the one error path and ``options.py`` the options several commands share.
 """
 
 from attnres_export.cli import bench, build, check, convert, example, export, fuse, inspect, plugin
-from attnres_export.cli.app import app, export_app
+from attnres_export.cli.framework import app, export_app, run
+
+
+def main() -> None:
+    """Entry point of ``attnres``."""
+    run(app, "attnres")
 
 
 def export_main() -> None:
     """Entry point of ``attnres-export``."""
-    export_app(prog_name="attnres-export")
+    run(export_app, "attnres-export")
 
 
 __all__ = ["app", "bench", "build", "check", "convert", "example", "export", "export_app", "export_main", "fuse",
-           "inspect", "plugin"]
+           "inspect", "main", "plugin"]
