@@ -4,7 +4,21 @@ Each command lives in its own module of this package and registers itself throug
 imported; ``framework.py`` holds the one error path and ``options.py`` the options several commands share.
 """
 
-from attnres_export.cli import bench, build, check, convert, example, export, fuse, inspect, plugin
+from attnres_export.cli import (
+    bench,
+    build,
+    check,
+    convert,
+    convert_checkpoint,
+    example,
+    export,
+    fuse,
+    generate,
+    inspect,
+    plugin,
+    serve,
+    triton_repo,
+)
 from attnres_export.cli.framework import app, export_app, run
 
 
@@ -18,5 +32,22 @@ def export_main() -> None:
     run(export_app, "attnres-export")
 
 
-__all__ = ["app", "bench", "build", "check", "convert", "example", "export", "export_app", "export_main", "fuse",
-           "inspect", "main", "plugin"]
+__all__ = [
+    "app",
+    "bench",
+    "build",
+    "check",
+    "convert",
+    "convert_checkpoint",
+    "example",
+    "export",
+    "export_app",
+    "export_main",
+    "fuse",
+    "generate",
+    "inspect",
+    "main",
+    "plugin",
+    "serve",
+    "triton_repo",
+]

@@ -47,6 +47,11 @@ def export(
         "--import", help="Module to import before unpickling, for the model's classes (repeatable).")] = None,
     vocab: Vocab = None,
     strict: Strict = False,
+    with_past: Annotated[bool, typer.Option(
+        "--with-past", help="attnres-lm: export the KV-cache graph (past_key_values in, presents out; docs/decode.md)."
+    )] = False,
+    past: Annotated[str | None, typer.Option(
+        help="With --with-past: past length range MIN:OPT:MAX, MIN may be 0 [0:63:max_seq_len-1].")] = None,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
@@ -58,6 +63,7 @@ def export(
     opts = ExportOptions(
         checkpoint=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
+        with_past=with_past, past=parse_past_range(past),
     )
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
@@ -80,3 +86,21 @@ def export(
     if not result.report.ok:
         fail(f"parity check failed: an output missed its bar (see the table); the model was kept as {result.path} "
              f"for inspection, and {opts.resolved_output()} was not written")
+
+
+def parse_past_range(text: str | None):
+    """``--past MIN:OPT:MAX`` (or ``N``) where MIN may be 0: a prefill has no past."""
+    from attnres_export.cli.options import MAX_DIM
+    from attnres_export.dims import DimRange
+
+    if text is None:
+        return None
+    try:
+        values = [int(p) for p in text.split(":")]
+    except ValueError:
+        values = []
+    values = values * 3 if len(values) == 1 else values
+    if len(values) != 3 or not 0 <= values[0] <= values[1] <= values[2] or values[2] > MAX_DIM:
+        raise AttnresError(f"--past {text!r}: expected MIN:OPT:MAX with whole numbers, 0 <= MIN <= OPT <= MAX "
+                           f"<= {MAX_DIM}, e.g. 0:64:1023")
+    return DimRange(*values)

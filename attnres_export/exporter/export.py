@@ -46,12 +46,16 @@ class ExportOptions:
     check: bool = True
     seed: int = 0
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    with_past: bool = False
+    """Export the KV-cache graph (docs/decode.md): past_key_values in, presents out."""
+    past: DimRange | None = None
 
     def resolved_output(self) -> Path:
         if self.output is not None:
             return self.output
-        suffix = "" if self.dtype == "float32" else f".{self.dtype}"
-        return self.checkpoint.with_name(f"{self.checkpoint.stem}{suffix}.{self.target}.onnx")
+        suffix = ("" if self.dtype == "float32" else f".{self.dtype}") + (".with-past" if self.with_past else "")
+        stem = self.checkpoint.name if self.checkpoint.is_dir() else self.checkpoint.stem
+        return self.checkpoint.with_name(f"{stem}{suffix}.{self.target}.onnx")
 
 
 @dataclass
@@ -81,6 +85,10 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
     status(f"loading {opts.checkpoint}")
     model, cfg = load_checkpoint(opts.checkpoint)
+    if opts.with_past:
+        return _export_with_past(model, cfg, opts, status)
+    if opts.past is not None:
+        raise ExportError("--past needs --with-past")
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
     if seq.max > cfg.max_seq_len:
         raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
@@ -106,6 +114,50 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     out, files = publish(onnx_model, out, report, status)
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out)})
+    return ExportResult(out, files, fused, expected, report, fused_by_type)
+
+
+def _export_with_past(model: torch.nn.Module, cfg, opts: ExportOptions, status: Callable[[str], None]
+                      ) -> ExportResult:
+    from attnres_export.exporter.with_past import (
+        check_shapes_with_past,
+        export_with_past,
+        past_feed_maker,
+        with_past_ranges,
+    )
+
+    ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
+    status(f"tracing and exporting the with-past graph to ONNX ({opts.dtype}, opset {opts.opset})")
+    onnx_model, reference = export_with_past(model, ranges, opts.dtype, opts.opset, opts.seed)
+    fused_nodes = attnres_nodes(onnx_model.graph)
+    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
+    expected = model.fused_node_count()
+    if fused != expected:
+        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
+                          "please report this")
+    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
+            "target": opts.target, "arch": cfg.arch, "with_past": True,
+            "dims": {k: v.as_list() for k, v in ranges.items()}, "inputs": reference.input_axes(),
+            "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
+            "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len}
+    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
+    if fused:
+        onnx_model = convert(onnx_model, opts.target)
+    out = opts.resolved_output()
+    report = None
+    if opts.check:
+        from attnres_export.models.attnres_lm import WithPastFeeds
+
+        output_names = reference.output_names()
+        runner = OnnxRuntimeRunner(onnx_model, artifact=out.name)
+        tol = tolerance_for(opts.dtype, opts.tolerances)
+        report = run_checks(TorchRunner(WithPastFeeds(reference), output_names), [(runner, opts.dtype, tol)],
+                            check_shapes_with_past(ranges), past_feed_maker(reference, opts.dtype, opts.seed),
+                            progress=lambda what: status(f"parity: {what}"))
+    out, files = publish(onnx_model, out, report, status)
+    if report is not None:
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out),
+                             "with_past": True, "shapes": "batch x seq x past"})
     return ExportResult(out, files, fused, expected, report, fused_by_type)
 
 

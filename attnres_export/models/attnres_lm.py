@@ -125,6 +125,25 @@ class Attention(nn.Module):
         out = (probs @ v.float()).to(x.dtype)
         return self.wo(out.transpose(1, 2).reshape(b, t, d))
 
+    def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor,
+                       past_v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention of the new tokens over ``past ++ new`` keys (docs/decode.md): returns the output and the
+        present keys/values ``[B, H, P+T, hd]`` (keys after rotary). ``allowed [B, 1, T, P+T]`` is the causal and
+        padding mask; disallowed scores get float32's lowest finite value, so a row with no key left gives a
+        finite (uniform) result rather than NaN, and a row with any key gives exactly what ``-inf`` gives."""
+        b, t, d = x.shape
+
+        def heads(proj: nn.Linear) -> torch.Tensor:
+            return proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+        k = torch.cat([past_k, apply_rotary(heads(self.wk), cos, sin)], dim=2)
+        v = torch.cat([past_v, heads(self.wv)], dim=2)
+        q = apply_rotary(heads(self.wq), cos, sin)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * (self.head_dim**-0.5)
+        probs = scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(dim=-1)
+        out = (probs @ v.float()).to(x.dtype)
+        return self.wo(out.transpose(1, 2).reshape(b, t, d)), k, v
+
 
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -149,6 +168,19 @@ class Layer(nn.Module):
         if cfg.residual == "attnres":
             self.attn_res = DepthAggregation(cfg.d_model, cfg.eps)
             self.mlp_res = DepthAggregation(cfg.d_model, cfg.eps)
+
+
+class _KVStep:
+    """The KV cache of one forward step: the pasts handed in, the presents produced, layer by layer."""
+
+    def __init__(self, past: list[torch.Tensor], allowed: torch.Tensor) -> None:
+        self.past, self.allowed, self.presents = past, allowed, []
+
+    def attend(self, fn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        i = len(self.presents)
+        out, k, v = fn.forward_cached(x, cos, sin, self.past[i], self.past[i + 1], self.allowed)
+        self.presents += [k, v]
+        return out
 
 
 class AttnResLM(nn.Module):
@@ -180,15 +212,45 @@ class AttnResLM(nn.Module):
         x = self._standard(h, cos, sin) if self.config.residual == "standard" else self._attnres(h, cos, sin)
         return self.lm_head(self.norm(x)).float()
 
-    def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return fn(x, cos, sin) if isinstance(fn, Attention) else fn(x)
+    def forward_with_past(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                          past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One prefill or decode step with a KV cache (docs/decode.md).
 
-    def _standard(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ``input_ids``/``position_ids`` ``[B, T]`` int64 (rotary angles follow ``position_ids``),
+        ``attention_mask [B, P+T]`` int64 (1 = token, 0 = padding) over past and new tokens, ``past`` the keys and
+        values of every attention layer ``[B, H, P, hd]`` in order k_0, v_0, k_1, ... (``P`` may be 0). Returns
+        ``logits [B, T, V]`` float32 and the presents ``[B, H, P+T, hd]`` in the same order. AttnRes needs no
+        other state: block representations live inside one forward pass, over the new tokens only."""
+        cos = self.rotary.cos[position_ids].unsqueeze(1)
+        sin = self.rotary.sin[position_ids].unsqueeze(1)
+        t, total = input_ids.shape[1], attention_mask.shape[1]
+        past_len = past[0].shape[2]
+        key_pos = torch.arange(total, device=input_ids.device)
+        query_pos = torch.arange(t, device=input_ids.device) + past_len
+        causal = key_pos[None, :] <= query_pos[:, None]
+        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()
+        cache = _KVStep(past, allowed)
+        h = self.embed(input_ids)
+        if self.config.residual == "standard":
+            x = self._standard(h, cos, sin, cache)
+        else:
+            x = self._attnres(h, cos, sin, cache)
+        return self.lm_head(self.norm(x)).float(), cache.presents
+
+    def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             cache: _KVStep | None = None) -> torch.Tensor:
+        if not isinstance(fn, Attention):
+            return fn(x)
+        return fn(x, cos, sin) if cache is None else cache.attend(fn, x, cos, sin)
+
+    def _standard(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _KVStep | None = None
+                  ) -> torch.Tensor:
         for _, prenorm, fn in self.sublayers():
-            h = h + self._run(fn, prenorm(h), cos, sin)
+            h = h + self._run(fn, prenorm(h), cos, sin, cache)
         return h
 
-    def _attnres(self, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _attnres(self, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _KVStep | None = None
+                 ) -> torch.Tensor:
         """Block AttnRes (docs/models.md#block-attnres); ``block_size = 0`` is Full AttnRes (one block per sublayer)."""
         size = self.config.block_size or 1
         last = self.config.n_sublayers - 1
@@ -196,7 +258,7 @@ class AttnResLM(nn.Module):
         partial: torch.Tensor | None = None
         for j, (aggregation, prenorm, fn) in enumerate(self.sublayers()):
             sources = blocks if partial is None else [*blocks, partial]
-            u = self._run(fn, prenorm(aggregation(sources)), cos, sin)
+            u = self._run(fn, prenorm(aggregation(sources)), cos, sin, cache)
             partial = u if partial is None else partial + u
             if (j + 1) % size == 0 or j == last:
                 blocks.append(partial)
@@ -220,3 +282,55 @@ class AttnResLM(nn.Module):
     def fused_node_count(self) -> int:
         """attnres nodes an export holds: one AttnResAggregate per aggregation."""
         return self.aggregation_count()
+
+
+class AttnResLMWithPast(nn.Module):
+    """``AttnResLM`` with a KV cache, for export (docs/decode.md): ``forward(input_ids, attention_mask,
+    position_ids, past) -> (logits, present_k_0, present_v_0, ...)``. ``past`` is a list of tensors (k_0, v_0, ...);
+    the graph names them ``past_key_values.{i}.key`` / ``.value`` and the outputs ``present.{i}.key`` / ``.value``."""
+
+    def __init__(self, lm: AttnResLM) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        logits, presents = self.lm.forward_with_past(input_ids, attention_mask, position_ids, past)
+        return (logits, *presents)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.lm.config
+
+    def past_names(self) -> list[str]:
+        return [f"past_key_values.{i}.{kv}" for i in range(self.config.n_layers) for kv in ("key", "value")]
+
+    def input_names(self) -> list[str]:
+        return ["input_ids", "attention_mask", "position_ids", *self.past_names()]
+
+    def output_names(self) -> list[str]:
+        return ["logits", *(f"present.{i}.{kv}" for i in range(self.config.n_layers) for kv in ("key", "value"))]
+
+    def input_axes(self) -> dict[str, list[str]]:
+        """Dim names per input axis (``total`` = ``past + seq``; head axes are static)."""
+        cfg = self.config
+        axes: dict[str, list] = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "total"],
+                                 "position_ids": ["batch", "seq"]}
+        return axes | {name: ["batch", cfg.n_heads, "past", cfg.head_dim] for name in self.past_names()}
+
+    def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        cfg = self.config
+        return [torch.zeros(batch, cfg.n_heads, 0, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.n_layers)]
+
+
+class WithPastFeeds(nn.Module):
+    """Eager adapter: the with-past model called with the ONNX graph's input names (``past_key_values.0.key``
+    ...), past tensors upcast to float32; returns the outputs in ``output_names()`` order (the parity reference)."""
+
+    def __init__(self, model: AttnResLMWithPast) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        past = [feeds[name].float() for name in self.model.past_names()]
+        return self.model(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"], past)

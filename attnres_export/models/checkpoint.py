@@ -42,9 +42,17 @@ def save_checkpoint(model: nn.Module, cfg: ModelConfig, path: Path) -> None:
 
 
 def load_checkpoint(path: Path) -> tuple[nn.Module, ModelConfig]:
-    """Load a checkpoint into a float32 model in eval mode; any other file is refused with one line."""
+    """Load a checkpoint (a ``.pt`` file, or a folder with config.json and safetensors weights: our own layout or
+    K3 conventions, docs/models.md#checkpoint-folders) into a float32 model in eval mode; anything else is refused
+    with one line."""
     path = Path(path)
-    payload = _read_payload(path)
+    if path.is_dir():
+        from attnres_export.models.hf_folder import read_folder
+
+        config, state = read_folder(path)
+        payload = {"config": config, "state_dict": state}
+    else:
+        payload = _read_payload(path)
     cfg = ModelConfig.from_dict(payload["config"])
     _check_sizes_before_building(cfg, payload["state_dict"], path)
     model = build_model(cfg)

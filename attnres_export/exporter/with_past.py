@@ -1,0 +1,134 @@
+"""With-past (KV-cache) export of ``AttnResLM`` (docs/decode.md): one graph for prefill (past length 0) and decode.
+
+Inputs ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key`` / ``.value``; outputs
+``logits`` and ``present.{i}.key`` / ``.value``. Dynamic dims ``batch``, ``seq`` (new tokens), ``past`` and
+``total`` (= past + seq, the attention mask's length). torch.export specialises sizes 0 and 1, so the graph is
+traced at a past length of at least 2 with ``Dim("past", min=0)`` (docs/exporter-notes.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import torch
+
+from attnres_export.dims import DimRange
+from attnres_export.dtypes import torch_dtype
+from attnres_export.errors import ExportError
+from attnres_export.exporter.to_onnx import _name_dynamic_dims, quiet_torch_onnx_export, translation_table
+from attnres_export.graphs.schemas import register_schemas
+from attnres_export.models.attnres_lm import AttnResLM, AttnResLMWithPast
+
+DIM_NAMES = ("batch", "seq", "past", "total")
+
+
+def with_past_ranges(batch: DimRange, seq: DimRange | None, past: DimRange | None, max_seq_len: int
+                     ) -> dict[str, DimRange]:
+    """Ranges of the four dims; ``total`` (past + seq) never exceeds ``max_seq_len`` (rotary table rows)."""
+    seq = seq or DimRange(1, 1, max_seq_len)
+    past = past or DimRange(0, min(63, max_seq_len - 1), max_seq_len - 1)
+    if seq.max > max_seq_len:
+        raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {max_seq_len}; lower it")
+    if past.max + seq.min > max_seq_len:
+        raise ExportError(f"--past max {past.max} plus --seq min {seq.min} exceeds the model's max_seq_len "
+                          f"{max_seq_len} (positions index the rotary table); lower --past")
+    total = DimRange(past.min + seq.min, min(past.opt + seq.opt, max_seq_len), min(past.max + seq.max, max_seq_len))
+    return {"batch": batch, "seq": seq, "past": past, "total": total}
+
+
+def _trace(rng: DimRange) -> int:
+    """A traced size of at least 2 (torch.export specialises 0 and 1) inside the range when it can be."""
+    if rng.min == rng.max:
+        return rng.min
+    return min(max(rng.opt, 2), rng.max)
+
+
+def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int
+                     ) -> tuple[onnx.ModelProto, AttnResLMWithPast]:
+    """Trace the with-past wrapper of a copy of ``model`` (folded, cast to ``dtype``) and return the ONNX model and
+    the float32 wrapper of ``model`` itself (the reference)."""
+    if not isinstance(model, AttnResLM):
+        raise ExportError(f"--with-past: only attnres-lm checkpoints have a KV cache, this is {type(model).__name__}")
+    register_schemas()
+    export_copy = copy.deepcopy(model)
+    export_copy.fold_score_weights()
+    export_copy.to(torch_dtype(dtype))
+    wrapper = AttnResLMWithPast(export_copy)
+    cfg = model.config
+    b, t, p = (_trace(ranges[name]) for name in ("batch", "seq", "past"))
+    p = max(min(p, cfg.max_seq_len - t), ranges["past"].min)
+    rng = np.random.default_rng(seed)
+    ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64))
+    mask = torch.ones(b, p + t, dtype=torch.int64)
+    positions = (torch.arange(t, dtype=torch.int64) + p)[None].expand(b, t).contiguous()
+    past = [torch.zeros(b, cfg.n_heads, p, cfg.head_dim, dtype=torch_dtype(dtype)) for _ in range(2 * cfg.n_layers)]
+    dims = {name: _dim(name, ranges[name]) for name in DIM_NAMES}
+    dynamic_shapes = {
+        "input_ids": {0: dims["batch"], 1: dims["seq"]},
+        "attention_mask": {0: dims["batch"], 1: dims["total"]},
+        "position_ids": {0: dims["batch"], 1: dims["seq"]},
+        "past": [{0: dims["batch"], 2: dims["past"]} for _ in past],
+    }
+    program = quiet_torch_onnx_export(
+        wrapper, (ids, mask, positions, past), custom_translation_table=translation_table(),
+        dynamic_shapes=dynamic_shapes, input_names=wrapper.input_names(), output_names=wrapper.output_names(),
+        opset_version=opset,
+    )
+    onnx_model = program.model_proto
+    axes = wrapper.input_axes()
+    _name_dynamic_dims(onnx_model, {name: {a: (label, ranges[label]) for a, label in enumerate(labels)
+                                           if isinstance(label, str)} for name, labels in axes.items()})
+    return onnx_model, AttnResLMWithPast(model)
+
+
+def _dim(name: str, rng: DimRange):
+    return None if rng.min == rng.max else torch.export.Dim(name, min=rng.min, max=rng.max)
+
+
+def check_shapes_with_past(ranges: dict[str, DimRange]) -> list[tuple[int, int, int]]:
+    """(batch, seq, past) shapes of the export check: a prefill at the optimum batch with at least 8 new tokens
+    (past 0 when the range allows it, else its minimum), and a decode step at the largest batch with the fewest
+    new tokens after a prefill of the optimum past length (at least 1)."""
+    batch, seq, past = ranges["batch"], ranges["seq"], ranges["past"]
+    total_max = ranges["total"].max
+    prefill = (batch.opt, min(max(seq.opt, 8), seq.max, total_max - past.min), past.min)
+    decode_past = min(max(past.opt, 1, past.min), past.max, total_max - seq.min)
+    decode = (batch.max, seq.min, decode_past)
+    return list(dict.fromkeys([prefill, decode]))
+
+
+def past_feed_maker(reference: AttnResLMWithPast, dtype: str, seed: int
+                    ) -> Callable[[tuple[int, ...]], dict[str, np.ndarray]]:
+    """Feeds for a (batch, seq, past) shape: the past comes from a float32 PyTorch prefill of ``past`` random
+    tokens (then stored in ``dtype`` as ONNX Runtime takes it), the new tokens follow it at positions
+    ``past .. past + seq - 1``."""
+    cfg = reference.config
+
+    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        b, t, p = shape
+        rng = np.random.default_rng([seed, *shape])
+        ids = rng.integers(0, cfg.vocab_size, size=(b, p + t), dtype=np.int64)
+        past = reference.empty_past(b)
+        if p:
+            with torch.inference_mode():
+                out = reference(torch.from_numpy(ids[:, :p]), torch.ones(b, p, dtype=torch.int64),
+                                torch.arange(p)[None].expand(b, p), past)
+            past = list(out[1:])
+        named = {name: past_array(tensor, dtype) for name, tensor in zip(reference.past_names(), past, strict=True)}
+        return {"input_ids": ids[:, p:], "attention_mask": np.ones((b, p + t), np.int64),
+                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy(), **named}
+
+    return feeds
+
+
+def past_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    """A cache tensor as ONNX Runtime takes it for a ``dtype`` model: float16 as float16, bfloat16 rounded to
+    bfloat16 and held in float32 (the CPU check runs bfloat16 models through a float32 emulation)."""
+    if dtype == "float16":
+        return tensor.to(torch.float16).numpy()
+    if dtype == "bfloat16":
+        return tensor.to(torch.bfloat16).float().numpy()
+    return tensor.float().numpy()

@@ -1,0 +1,105 @@
+"""CPU decode figures: prefill latency and decode tokens/s of PyTorch eager (with its KV cache) against ONNX Runtime
+CPU on the with-past ONNX (``attnres-export MODEL --with-past --target portable``), in one interleaved run.
+
+Model: 12 layers, d_model 512, 8 heads, d_ff 1408, vocab 8192, Block AttnRes S = 4; prompt of 128 tokens, then
+greedy decode of 32 tokens; batch 1 and 8. Run from the repository root:
+    python benchmarks/cpu_decode.py [--repeats 5] [--threads 2] [--prompt 128] [--new 32]
+torch and ONNX Runtime use the same number of intra-op threads. In each round the backends run in turn (torch then
+ONNX Runtime, per batch), so load from other processes hits both alike; figures are medians over the rounds, and
+CPU time of this process is reported beside wall time (a gap between them is a neighbour's load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import torch
+
+from attnres_export.dims import DimRange
+from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.generate import Stepper, TorchStepper, onnx_stepper
+from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models.example import make_example
+
+CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
+
+
+def run_once(stepper: Stepper, prompt: np.ndarray, new: int) -> tuple[float, float, float, float, list[int]]:
+    """(prefill wall s, prefill CPU s, decode wall s, decode CPU s, first row's tokens) of one greedy generation."""
+    b, n = prompt.shape
+    wall, cpu = time.perf_counter(), time.process_time()
+    logits, past = stepper.step(prompt, np.ones((b, n), np.int64), np.broadcast_to(np.arange(n), (b, n)).copy(),
+                                stepper.empty_past(b))
+    token = logits[:, -1].argmax(-1)
+    prefill = (time.perf_counter() - wall, time.process_time() - cpu)
+    tokens = [int(token[0])]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for pos in range(n, n + new - 1):
+        logits, past = stepper.step(token[:, None].astype(np.int64), np.ones((b, pos + 1), np.int64),
+                                    np.full((b, 1), pos, np.int64), past)
+        token = logits[:, -1].argmax(-1)
+        tokens.append(int(token[0]))
+    return (*prefill, time.perf_counter() - wall, time.process_time() - cpu, tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of torch and ONNX Runtime alike")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--batches", default="1,8")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="attnres-decode-") as tmp:
+        ckpt = Path(tmp) / "model.pt"
+        save_checkpoint(make_example(CONFIG, 0), CONFIG, ckpt)
+        start = time.perf_counter()
+        total = args.prompt + args.new
+        result = export_checkpoint(ExportOptions(
+            ckpt, output=Path(tmp) / "model.with-past.portable.onnx", target="portable", with_past=True,
+            batch=DimRange(1, 1, max(batches)), seq=DimRange(1, 1, args.prompt),
+            past=DimRange(0, args.prompt, total)))
+        export_s = time.perf_counter() - start
+        if not result.report.ok:
+            raise SystemExit("the with-past export missed its parity bar")
+        from attnres_export.models import load_checkpoint
+
+        model, _ = load_checkpoint(ckpt)
+        steppers = {"PyTorch eager (KV cache)": TorchStepper(model),
+                    "ONNX Runtime CPU, portable with past": onnx_stepper(result.path, threads=args.threads)}
+        rng = np.random.default_rng(0)
+        prompts = {b: rng.integers(0, CONFIG.vocab_size, size=(b, args.prompt), dtype=np.int64) for b in batches}
+        for b in batches:  # warm-up, and the greedy tokens of the two backends must agree
+            tokens = {name: run_once(s, prompts[b], 4)[4] for name, s in steppers.items()}
+            if len(set(map(tuple, tokens.values()))) != 1:
+                print(f"warning: batch {b}: greedy tokens differ between backends: {tokens}")
+        times: dict[tuple[int, str], list[tuple[float, ...]]] = {(b, n): [] for b in batches for n in steppers}
+        for _ in range(args.repeats):
+            for b in batches:
+                for name, stepper in steppers.items():
+                    times[(b, name)].append(run_once(stepper, prompts[b], args.new)[:4])
+    print(f"# {platform.machine()}, {torch.get_num_threads()} torch threads / {args.threads} ORT intra-op threads, "
+          f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export {export_s:.1f} s; "
+          f"prompt {args.prompt}, {args.new} new tokens, {args.repeats} interleaved rounds, medians")
+    print("| batch | backend | prefill ms (CPU ms) | decode tokens/s (CPU-time tokens/s) | decode vs eager |")
+    print("|---:|---|---:|---:|---:|")
+    eager_rate: dict[int, float] = {}
+    for (b, name), values in times.items():
+        prefill, prefill_cpu, decode, decode_cpu = (statistics.median(v[i] for v in values) for i in range(4))
+        rate, cpu_rate = b * (args.new - 1) / decode, b * (args.new - 1) / decode_cpu
+        eager_rate.setdefault(b, rate)
+        print(f"| {b} | {name} | {prefill * 1e3:.1f} ({prefill_cpu * 1e3:.1f}) | {rate:.1f} ({cpu_rate:.1f}) | "
+              f"{rate / eager_rate[b]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Start ``attnres serve`` as a subprocess on free loopback ports and wait (bounded) until its model is ready;
+used by the real-server tests and benchmarks/serve_throughput.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCH = "from attnres_export.cli import main; main()"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                kids = {int(c) for c in children.read_text().split()}
+            except OSError:
+                continue
+            frontier.extend(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    model: str
+    http: str
+    grpc: str
+    metrics: str
+    log: Path
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 60) -> tuple[int, set[int]]:
+        """Signal the server, wait (bounded) for it to exit; returns its exit code and the descendants that
+        outlived it (all of them are killed before returning)."""
+        children = descendants(self.process.pid)
+        self.process.send_signal(signum)
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        left = {p for p in children if alive(p)}
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = {p for p in left if alive(p)}
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return code, left
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(artifact: Path, log: Path, *args: str, model: str = "m", timeout_s: float = 120) -> Server:
+    """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, ready to answer."""
+    import tritonclient.http as http
+
+    http_port, grpc_port, metrics_port = free_ports(3)
+    command = [sys.executable, "-c", LAUNCH, "serve", str(artifact), "--model-name", model,
+               "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+               *args]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = Server(process, model, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}",
+                    f"127.0.0.1:{metrics_port}", log)
+    deadline = time.monotonic() + timeout_s
+    client = http.InferenceServerClient(server.http)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"attnres serve exited with {process.returncode}:\n{server.output()[-3000:]}")
+            try:
+                if client.is_server_ready() and client.is_model_ready(model):
+                    return server
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.25)
+    finally:
+        client.close()
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"attnres serve was not ready after {timeout_s} s:\n{server.output()[-3000:]}")

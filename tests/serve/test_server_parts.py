@@ -1,0 +1,159 @@
+"""The pieces of ``attnres serve`` that need no running server: the inference callable's batching, the library
+path for PyTriton's stub, the missing extra and bad options as one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnres_export.cli import app
+from attnres_export.serve import dependencies
+from attnres_export.serve.server import infer_function, model_name_for
+from attnres_export.serve.signature import Signature, TensorSpec
+from tests.serve.conftest import NEEDS_SERVER
+
+runner = CliRunner()
+
+
+class Doubling:
+    """A runner that records the batches it ran."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, ...]] = []
+
+    def infer(self, feeds):
+        self.batches.append(feeds["x"].shape)
+        return {"y": feeds["x"].astype(np.float64) * 2}
+
+
+SIGNATURE = Signature((TensorSpec("x", "int64", (-1, -1)),), (TensorSpec("y", "float32", (-1, -1)),), 8)
+
+
+def request(array) -> SimpleNamespace:
+    return SimpleNamespace(data={"x": np.asarray(array, dtype=np.int64)})
+
+
+def test_requests_of_one_shape_run_as_one_batch_and_are_split_back_in_order():
+    doubling = Doubling()
+    requests = [request([[1, 2]]), request([[3, 4, 5]]), request([[6, 7], [8, 9]]), request([[10, 11, 12]])]
+    responses = infer_function(doubling, SIGNATURE)(requests)
+    assert sorted(doubling.batches) == [(2, 3), (3, 2)]
+    for req, resp in zip(requests, responses, strict=True):
+        assert resp["y"].dtype == np.float32 and np.array_equal(resp["y"], req.data["x"] * 2)
+
+
+def test_an_unbatched_model_runs_each_request_alone():
+    doubling = Doubling()
+    unbatched = Signature(SIGNATURE.inputs, SIGNATURE.outputs, 0)
+    responses = infer_function(doubling, unbatched)([request([[1]]), request([[2]])])
+    assert doubling.batches == [(1, 1), (1, 1)] and [r["y"].tolist() for r in responses] == [[[2.0]], [[4.0]]]
+
+
+def test_the_interpreters_library_folder_leads_ld_library_path(monkeypatch, tmp_path):
+    (tmp_path / f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0").write_text("")
+    monkeypatch.setattr(sysconfig, "get_config_var", {"LIBDIR": str(tmp_path), "Py_ENABLE_SHARED": 1}.get)
+    env = dependencies.server_environment({"LD_LIBRARY_PATH": f"/other{os.pathsep}{tmp_path}"})
+    assert env["LD_LIBRARY_PATH"] == f"{tmp_path}{os.pathsep}/other"
+    assert dependencies.server_environment({})["LD_LIBRARY_PATH"] == str(tmp_path)
+    monkeypatch.setattr(sysconfig, "get_config_var", {"LIBDIR": str(tmp_path), "Py_ENABLE_SHARED": 0}.get)
+    assert "LD_LIBRARY_PATH" not in dependencies.server_environment({})
+
+
+def test_a_missing_serve_extra_is_one_line_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pytriton.triton", None)
+    monkeypatch.setitem(sys.modules, "tritonclient.http", None)
+    result = runner.invoke(app, ["serve", str(tmp_path / "m.onnx")])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "needs the serve extra" in lines[0] and "pip install attnres-export[serve]" in lines[0]
+
+
+def test_model_names_default_to_the_stem_and_are_checked():
+    from pathlib import Path
+
+    from attnres_export.serve.dependencies import ServeError
+
+    assert model_name_for(Path("a/tiny.tensorrt.onnx"), None) == "tiny.tensorrt"
+    assert model_name_for(Path("m.engine"), None) == "m" and model_name_for(Path("m.plan"), None) == "m"
+    with pytest.raises(ServeError, match="letters, digits"):
+        model_name_for(Path("m.onnx"), "a b")
+
+
+@NEEDS_SERVER
+@pytest.mark.parametrize(("args", "pattern"), [
+    (["--instances", "0"], "--instances 0: must be at least 1"),
+    (["--max-batch", "17"], "--max-batch 17 is over the batch range"),
+    (["--http-port", "9000", "--grpc-port", "9000"], "ports must differ"),
+    (["--http-port", "70000"], "--http-port 70000"),
+])
+def test_bad_serve_options_are_one_line_and_start_nothing(portable_onnx, args, pattern):
+    from tests.serve.server_process import free_ports
+
+    ports = dict(zip(("--http-port", "--grpc-port", "--metrics-port"), map(str, free_ports(3)), strict=True))
+    defaults = [item for option, port in ports.items() if option not in args for item in (option, port)]
+    result = runner.invoke(app, ["serve", str(portable_onnx), *defaults, *args])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and pattern in lines[0], result.output
+
+
+@NEEDS_SERVER
+def test_a_port_in_use_is_one_line_before_anything_starts(portable_onnx):
+    import socket
+
+    from tests.serve.server_process import free_ports
+
+    http_port, metrics_port = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["serve", str(portable_onnx), "--grpc-port", str(port), "--http-port",
+                                     str(http_port), "--metrics-port", str(metrics_port)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}" in lines[0]
+
+
+def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_trt, libraries, portable_onnx, tmp_path,
+                                                                        monkeypatch):
+    """The fake deserializes but cannot execute: this covers loading, the signature and the instances only."""
+    import torch
+
+    from attnres_export.backends.tensorrt_runner import TensorRTRunner
+    from attnres_export.dims import DimRange
+    from attnres_export.engine.builder import BuildOptions, build_engine
+    from attnres_export.serve.server import ServeOptions, load_model
+
+    engine = tmp_path / "m.engine"
+    build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(TensorRTRunner, "activate", TensorRTRunner.load)  # no CUDA stream without a GPU
+    served = load_model(ServeOptions(engine, instances=3, max_batch=2))
+    assert served.name == "m" and served.backend == "TensorRT" and len(served.runners) == 3
+    assert len({id(r) for r in served.runners}) == 3 and all(r.engine is not None for r in served.runners)
+    assert [(s.name, s.dtype, s.dims) for s in served.signature.inputs] == [("input_ids", "int64", (-1, -1))]
+    assert [(s.name, s.dtype, s.dims) for s in served.signature.outputs] == [("logits", "float32", (-1, -1, 4))]
+    assert served.signature.max_batch == 2
+
+
+def test_triton_repo_without_tritonclient_is_one_line_naming_the_extra(monkeypatch, tmp_path):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(dependencies, "_MODEL_CONFIG", {})
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tritonclient" else real_find_spec(name, *a))
+    from tests.serve.models import tiny_onnx
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    result = runner.invoke(app, ["triton-repo", str(model), "-o", str(tmp_path / "repo")])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "pip install attnres-export[serve]" in lines[0]
+    assert not (tmp_path / "repo" / "m").exists()
