@@ -55,6 +55,7 @@ def test_attnres_export_entry_point_takes_the_same_options(block2_checkpoint, tm
     assert (tmp_path / "m.onnx").is_file()
 
 
+@pytest.mark.slow
 def test_failed_parity_bar_exits_nonzero(block2_checkpoint, tmp_path):
     result = invoke("export", block2_checkpoint, "-o", tmp_path / "m.onnx", "--dtype", "bfloat16",
                     "--tol", "bfloat16:1e-9:0.9999999999", "--seq", "1:4:8")
@@ -108,6 +109,7 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     assert result.exception is not None
 
 
+@pytest.mark.slow
 def test_interrupted_write_leaves_no_model_and_no_temporary_file(block2_checkpoint, tmp_path, monkeypatch):
     real_save = onnx.save_model
 

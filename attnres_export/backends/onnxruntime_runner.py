@@ -72,7 +72,14 @@ class OnnxRuntimeRunner(Runner):
         if self.session is None:
             raise ParityError("runner used before activate()")
         names = [o.name for o in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, feeds), strict=True))
+        try:
+            outputs = self.session.run(names, feeds)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+            raise ParityError(f"ONNX Runtime could not run {self.artifact or 'the model'} on inputs {shapes}: "
+                              f"{first}") from exc
+        return dict(zip(names, outputs, strict=True))
 
     def deactivate(self) -> None:
         self.session = None

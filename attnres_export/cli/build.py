@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from attnres_export.atomic import check_outputs
+from attnres_export.backends.engine_manifest import manifest_path
 from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import Plugin, parse_range
 
@@ -31,6 +33,9 @@ def build(
         onnx=onnx, output=output, plugin=plugin, batch=parse_range(batch, "batch"), seq=parse_range(seq, "seq"),
         timing_cache=timing_cache, opt_level=opt_level, embed_plugin=embed_plugin, workspace_mb=workspace,
     )
+    engine = opts.resolved_output()
+    check_outputs({"-o": engine, "--timing-cache": timing_cache, "manifest": manifest_path(engine)},
+                  {"ONNX": onnx, "--plugin": plugin})
     try:
         with console.status("building") as status:
             result = build_engine(opts, status=lambda text: status.update(text))

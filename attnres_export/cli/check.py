@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console, fail
 from attnres_export.cli.options import (
     AllowEngineHostCode,
@@ -50,6 +51,8 @@ def check(
 
     if not onnx and not engine:
         raise AttnresError("nothing to check: pass at least one --onnx FILE or --engine FILE")
+    artifacts = {f"artifact {i}": path for i, path in enumerate([*(onnx or []), *(engine or [])])}
+    check_outputs({"--report": report}, {"MODEL": model, "--plugin": plugin, **artifacts})
     overrides = parse_tolerances(tol)
     wanted_shapes = parse_shapes(shapes)
     reference_model, config = load_checkpoint(model)

@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from attnres_export.errors import AttnresError
 
@@ -113,7 +114,7 @@ def _usage_error(exc: Exception) -> int:
         console.print(ctx.get_help())
         return code
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-    err_console.print(f"[red]error:[/red] {exc.format_message()}{where}")
+    err_console.print(f"[red]error:[/red] {escape(exc.format_message())}{escape(where)}")
     return code
 
 
@@ -126,5 +127,5 @@ def _one_line(exc: Exception) -> str:
 
 def fail(message: str) -> None:
     """Print ``error: message`` on stderr and exit 1."""
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(1)

@@ -5,6 +5,7 @@ pattern (attnres_export.graphs.fusion) and checked against the unfused graph on 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
@@ -21,17 +22,18 @@ from torch import nn
 
 from attnres_export import __version__
 from attnres_export.atomic import check_outputs
+from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.export import ExportOptions, ExportResult, export_checkpoint, publish, validate_options
 from attnres_export.exporter.pt2_archive import unsafe_members
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
-from attnres_export.graphs.fusion import FusionResult, fuse_model, random_feeds
+from attnres_export.graphs.fusion import FusionResult, random_feeds
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.ops.opset import AGGREGATE
-from attnres_export.parity.fusion_checks import onnxruntime_numerics, whole_model_parity
+from attnres_export.parity.fusion_checks import fuse_with_shape_hint, refuse_crashing, whole_model_parity
 
 PICKLE_RISK = (
     "holds a pickled Python object; unpickling runs arbitrary code from the file, so attnres does not do it "
@@ -86,11 +88,14 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
     kind = model_kind(opts.checkpoint)
     if kind == "checkpoint":
         return export_checkpoint(opts, status)
+    if opts.with_past or opts.past is not None:
+        raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
+                          f"{opts.checkpoint.name} is a foreign model ({kind}), which is exported as it is")
     validate_options(opts)
     check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
-    if opts.dtype != "float32":
-        raise ExportError("--dtype: foreign models (.onnx, .pt2, pickled modules) are exported as they are "
-                          "(float32); convert the source model to change its precision")
+    if opts.dtype != "float32" and kind == "onnx":
+        raise ExportError("--dtype: an ONNX file is exported in its own precision; export the source model in "
+                          f"{opts.dtype} (or give attnres-export its .pt2 program) to change it")
     status(f"loading {opts.checkpoint}")
     return export_source(_load(kind, opts, foreign), opts, foreign.strict, status)
 
@@ -99,11 +104,12 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
                   status: Callable[[str], None] = lambda _: None) -> ForeignExportResult:
     """Fuse a foreign model's ONNX, convert it for the target, check it against its reference, write it."""
     original, feeds = source.onnx, source.feeds
+    refuse_crashing(original, feeds, str(opts.checkpoint))
     status("finding and verifying aggregations")
-    fusion = fuse_model(original, feeds, onnxruntime_numerics(), opts.seed)
+    fusion = fuse_with_shape_hint(original, feeds, opts.seed)
     refuse_unfused(fusion, strict)
     model = fusion.model
-    set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": "float32",
+    set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": opts.dtype,
                                                  "target": opts.target, "source": source.kind,
                                                  "fused": fusion.fused}))
     if opts.target != "tensorrt":
@@ -112,10 +118,11 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     if opts.check:
         status(f"parity against {source.reference}")
         expected = source.run_reference(feeds) if source.run_reference else fusion.values
-        report = whole_model_parity(model, feeds, expected, original, artifact=f"exported vs {source.reference}")
+        report = whole_model_parity(model, feeds, expected, original, artifact=f"exported vs {source.reference}",
+                                    dtype=opts.dtype)
     out, files = publish(model, opts.resolved_output(), report, status)
     if report is not None:
-        report.extra.update({"target": opts.target, "dtype": "float32", "fused_nodes": fusion.fused,
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fusion.fused,
                              "onnx": str(out), "reference": source.reference, "fusion": fusion.to_dict()})
     return ForeignExportResult(out, files, fusion.fused, fusion.fused, report,
                                {AGGREGATE: fusion.fused} if fusion.fused else {}, fusion=fusion)
@@ -156,6 +163,9 @@ def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSou
     if kind == "program":
         program = load_program(path, foreign.trust_pickle)
         args, kwargs = program.example_inputs or ((), {})
+        if opts.dtype != "float32":
+            dynamic = [dict.fromkeys(range(t.dim()), torch.export.Dim.AUTO) for t in args] or None
+            return module_source(program.module(), args, kwargs, dynamic, opts.opset, opts.dtype)
         model, feeds = _onnx_with_feeds(program, args, kwargs, None, opts.opset)
         if shapes or feeds is None:
             feeds = random_feeds(model, opts.seed, shapes, foreign.vocab)
@@ -164,16 +174,27 @@ def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSou
     module = load_pickled_module(path, foreign)
     kwargs = _example_inputs(foreign, _vocab(module, foreign), opts.seed)
     dynamic = {name: dict.fromkeys(range(t.dim()), torch.export.Dim.AUTO) for name, t in kwargs.items()}
-    return module_source(module, (), kwargs, dynamic, opts.opset)
+    return module_source(module, (), kwargs, dynamic, opts.opset, opts.dtype)
 
 
-def module_source(module: nn.Module, args: tuple, kwargs: dict, dynamic: dict | None, opset: int) -> ForeignSource:
-    """A module in this process as a foreign source: exported to ONNX, checked against the module itself."""
-    model, feeds = _onnx_with_feeds(module, args, kwargs, dynamic, opset)
+def module_source(module: nn.Module, args: tuple, kwargs: dict, dynamic: dict | None, opset: int,
+                  dtype: str = "float32") -> ForeignSource:
+    """A module in this process as a foreign source: exported to ONNX in ``dtype`` (a copy of the module and the
+    floating example inputs cast to it), checked against the float32 module itself."""
+    exported = module
+    if dtype != "float32":
+        exported = copy.deepcopy(module).to(torch_dtype(dtype))
+        args = tuple(_cast(t, dtype) for t in args)
+        kwargs = {name: _cast(t, dtype) for name, t in kwargs.items()}
+    model, feeds = _onnx_with_feeds(exported, args, kwargs, dynamic, opset)
     if feeds is None:
         raise ExportError("the module needs example inputs to be exported and checked")
     return ForeignSource("module", model, feeds, "the PyTorch module",
                          _torch_reference(module, model, len(args), list(kwargs)))
+
+
+def _cast(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+    return tensor.to(torch_dtype(dtype)) if tensor.is_floating_point() else tensor
 
 
 def _torch_reference(module: Callable, model: onnx.ModelProto, n_args: int,
@@ -184,7 +205,7 @@ def _torch_reference(module: Callable, model: onnx.ModelProto, n_args: int,
     outputs = [o.name for o in model.graph.output]
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in inputs]
+        tensors = [_cast(torch.from_numpy(np.ascontiguousarray(feeds[name])), "float32") for name in inputs]
         with torch.inference_mode():
             result = module(*tensors[:n_args], **dict(zip(kwarg_names, tensors[n_args:], strict=True)))
         flat = _flatten(result)
@@ -266,13 +287,13 @@ def _example_inputs(foreign: ForeignOptions, vocab: int, seed: int) -> dict[str,
     generator = torch.Generator().manual_seed(seed)
     inputs = {}
     for name, (dims, dtype) in foreign.example_shapes.items():
-        torch_dtype = getattr(torch, dtype)
-        if torch_dtype.is_floating_point:
-            inputs[name] = torch.randn(dims, generator=generator).to(torch_dtype)
-        elif torch_dtype == torch.bool:
+        input_dtype = getattr(torch, dtype)
+        if input_dtype.is_floating_point:
+            inputs[name] = torch.randn(dims, generator=generator).to(input_dtype)
+        elif input_dtype == torch.bool:
             inputs[name] = torch.rand(dims, generator=generator) < 0.5
         else:
-            inputs[name] = torch.randint(0, vocab, dims, generator=generator, dtype=torch_dtype)
+            inputs[name] = torch.randint(0, vocab, dims, generator=generator, dtype=input_dtype)
     return inputs
 
 

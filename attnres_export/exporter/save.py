@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 
 from attnres_export.atomic import default_file_mode, refuse_non_regular, temporary_dir_beside
+from attnres_export.errors import ExportError
 from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
 from attnres_export.graphs.schemas import register_schemas
 
@@ -33,7 +34,11 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
                             location=data_name, size_threshold=1024)
         else:
             onnx.save_model(model, str(tmp))
-        onnx.checker.check_model(str(tmp), full_check=True)
+        try:
+            onnx.checker.check_model(str(tmp), full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+            first = str(exc).strip().splitlines()[0][:300]
+            raise ExportError(f"{path.name} would not pass onnx.checker ({first}); nothing was written") from exc
         written = [path]
         for produced in tmp_dir.iterdir():
             os.chmod(produced, default_file_mode())

@@ -159,6 +159,30 @@ class TorchRMSNormLM(ForeignLM):
         return self.head(self.aggregate(blocks, self.n_sub))
 
 
+class RepeatedSourceLM(StackEinsumLM):
+    """(e) Like (a), but the first aggregation stacks the embedding twice ([emb, emb]), as some code does to give
+    the first sublayer two candidates."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        sources = [emb]
+        for i, layer in enumerate(self.sublayers):
+            sources.append(layer(self.aggregate([emb, emb] if i == 0 else sources, i)))
+        return self.head(self.aggregate(sources, self.n_sub))
+
+
+class HandSoftmaxLM(StackEinsumLM):
+    """(f) Like (a), with the softmax over depth written out: exp(logits - max) / sum(exp(logits - max))."""
+
+    def aggregate(self, sources: list[torch.Tensor], i: int) -> torch.Tensor:
+        values = torch.stack(sources, dim=0)
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        logits = torch.einsum("nbtd,d->nbt", keys, self.query[i])
+        weights = torch.exp(logits - logits.amax(dim=0, keepdim=True))
+        weights = weights / weights.sum(dim=0, keepdim=True)
+        return torch.einsum("nbt,nbtd->btd", weights, values)
+
+
 class _NegativeLM(StackEinsumLM):
     """Like (a), but each aggregation is changed so that it is not AttnRes; nothing may be fused."""
 
@@ -202,7 +226,8 @@ class NoNormLM(_NegativeLM):
 
 
 POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token-major": TokenMajorLM,
-            "torch-rmsnorm": TorchRMSNormLM}
+            "torch-rmsnorm": TorchRMSNormLM, "repeated-source": RepeatedSourceLM,
+            "hand-softmax": HandSoftmaxLM}
 NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}
 
 

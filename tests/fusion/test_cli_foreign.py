@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -90,6 +91,7 @@ def test_pt2_file_that_is_not_an_exported_program_is_refused_in_one_line(tmp_pat
     assert "not a torch.export program" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_pt2_parity_is_against_the_pytorch_program_so_an_exporter_error_fails(tmp_path, monkeypatch):
     """An ONNX that drifted from PyTorch while exporting (simulated: one weight scaled by 1.01) still matches its
     own unfused graph; only the comparison with the program itself catches it."""
@@ -115,3 +117,63 @@ def test_pt2_parity_is_against_the_pytorch_program_so_an_exporter_error_fails(tm
     assert data["reference"] == "the PyTorch program" and not data["ok"]
     assert data["checks"][0]["artifact"] == "exported vs the PyTorch program"
     assert not out.exists() and (tmp_path / "m.failed.onnx").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pt2_exports_in_half_precision_fusing_every_aggregation_at_the_dtypes_bar(tmp_path, dtype):
+    model = StackEinsumLM().eval()
+    program = save_program(model, tmp_path / "m.pt2")
+    out, report = tmp_path / f"m.{dtype}.onnx", tmp_path / "r.json"
+    result = invoke("export", program, "-o", out, "--dtype", dtype, "--report", report)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["dtype"] == dtype and data["ok"] and data["fusion"]["fused"] == model.aggregations
+    assert data["reference"] == "the PyTorch module"
+    elem = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
+    assert elem in {i.data_type for i in onnx.load(str(out)).graph.initializer}
+
+
+def test_an_onnx_runtime_crash_on_a_foreign_model_is_one_line(tmp_path, monkeypatch):
+    """A segfault inside ONNX Runtime must not end our process: the first run happens in a child process, whose
+    death by a signal becomes one line (simulated: the child is reported killed by SIGSEGV)."""
+    import subprocess
+
+    from attnres_export.backends import isolated_run
+
+    def killed(*args, **kwargs):
+        return subprocess.CompletedProcess(args, -11, "", "")
+
+    monkeypatch.setattr(isolated_run.subprocess, "run", killed)
+    source = tmp_path / "plain.onnx"
+    onnx.save(plain_onnx(StackEinsumLM, opset=18), str(source))
+    result = invoke("fuse", source, "-o", tmp_path / "out.onnx")
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "ONNX Runtime crashed running it (SIGSEGV)" in lines[0]
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_the_isolated_first_run_passes_a_healthy_model():
+    from attnres_export.backends.isolated_run import crash_in_isolation
+    from tests.fusion.foreign_models import example_ids
+
+    model = plain_onnx(StackEinsumLM, opset=18)
+    assert crash_in_isolation(model.SerializeToString(), {model.graph.input[0].name: example_ids().numpy()}) is None
+
+
+def test_a_graph_that_is_only_nominally_dynamic_names_the_input_needing_example_shape(tmp_path):
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as oh
+
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [10, 4])
+    shape = numpy_helper.from_array(np.array([10, 4], dtype=np.int64), "shape")
+    graph = oh.make_graph([oh.make_node("Reshape", ["x", "shape"], ["y"])], "g", [x], [y], initializer=[shape])
+    source = tmp_path / "static.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), str(source))
+    result = invoke("fuse", source, "-o", tmp_path / "out.onnx")
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "--example-shape NAME:d0,d1,... for x" in lines[0]
+    ok = invoke("fuse", source, "-o", tmp_path / "out.onnx", "--example-shape", "x:2,5,4")
+    assert ok.exit_code == 0, ok.output

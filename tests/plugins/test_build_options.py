@@ -122,6 +122,7 @@ def test_tensorrt_root_without_headers_is_refused(tmp_path: Path) -> None:
 
 @needs_toolchain
 @pytest.mark.skipif(ctypes.util.find_library("nvinfer") is not None, reason="a system libnvinfer is installed")
+@pytest.mark.slow
 def test_missing_libnvinfer_is_one_line_naming_tensorrt_lib_and_tensorrt_root(tmp_path: Path, monkeypatch) -> None:
     """CMake finds headers but no libnvinfer: a hard error for the TensorRT libraries (configure only, ~10 s)."""
     monkeypatch.setattr(build, "pip_tensorrt_lib_dirs", list)

@@ -75,6 +75,7 @@ def checkpoint(tmp_path) -> Path:
     return write_checkpoint(tmp_path / "model.pt", n_layers=1, block_size=2)
 
 
+@pytest.mark.slow
 def test_a_failed_parity_check_keeps_the_good_file_and_writes_out_failed(checkpoint, tmp_path):
     out = tmp_path / "m.onnx"
     assert invoke("export", checkpoint, "-o", out, "--seq", "1:4:8")[0] == 0
@@ -240,3 +241,13 @@ def test_sparse_initializers_with_external_data_are_refused(tmp_path):
     path.write_bytes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]).SerializeToString())
     one_line_error(*invoke("inspect", path), "sparse tensor", "current directory")
     assert onnx.load(str(path), load_external_data=False).graph.sparse_initializer
+
+
+def test_build_and_check_refuse_outputs_that_overwrite_their_inputs(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"not read: refused before")
+    one_line_error(*invoke("build", model, "-o", model), "same file as ONNX")
+    checkpoint = tmp_path / "m.pt"
+    checkpoint.write_bytes(b"not read either")
+    one_line_error(*invoke("check", checkpoint, "--onnx", model, "--report", checkpoint), "same file as MODEL")
+    assert model.read_bytes() == b"not read: refused before" and checkpoint.read_bytes() == b"not read either"

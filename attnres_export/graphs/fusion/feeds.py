@@ -49,6 +49,13 @@ def input_shapes(model: onnx.ModelProto, overrides: dict[str, list[int]] | None 
     return shapes
 
 
+def symbolic_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs with at least one symbolic (or unknown) dim: the ones random feeds had to size."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in initializers
+            and any(not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)]
+
+
 def random_feeds(
     model: onnx.ModelProto, seed: int = 0, overrides: dict[str, list[int]] | None = None, vocab: int | None = None
 ) -> dict[str, np.ndarray]:

@@ -20,14 +20,23 @@ from attnres_export.graphs.fusion.capture import capture_all
 from attnres_export.graphs.fusion.classify import ATTENTION, DEPTH, OTHER, activations, classify_unmatched
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
+from attnres_export.graphs.fusion.handwritten import handwritten_softmaxes
 from attnres_export.graphs.fusion.match import SiteMatch, match_site
 from attnres_export.graphs.fusion.numerics import Numerics
-from attnres_export.graphs.fusion.probe import eps_candidates, fit_single_source, probe_score_weight
+from attnres_export.graphs.fusion.probe import (
+    ConstantOf,
+    constant_candidates,
+    eps_candidates,
+    fit_single_source,
+    probe_score_weight,
+    snap_to_constants,
+)
 from attnres_export.graphs.fusion.region import extract_region, region_model
 from attnres_export.graphs.fusion.rewrite import Replacement, apply_replacements
 from attnres_export.graphs.fusion.verify import FusedEvaluator, verify
 from attnres_export.graphs.onnx_utils import default_opset
 from attnres_export.graphs.schemas import register_schemas
+from attnres_export.graphs.types import value_types
 
 ATTENTION_REASON = "attention over tokens (scores from two activations), not a depth aggregation: left alone"
 MIN_SOFTMAX_OPSET = 13
@@ -80,7 +89,16 @@ def fuse_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], numerics: N
     index = GraphIndex(model)
     outcomes, replacements = [], []
     softmaxes = [n for n in index.nodes if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+    softmaxes += handwritten_softmaxes(index)
     depends_on_input = activations(index)
+    types = value_types(model)
+
+    def constant_of(name: str) -> np.ndarray | None:
+        value = index.constant(name)
+        if value is None and name in values and not depends_on_input(name):
+            value = values[name]
+        return value
+
     for number, node in enumerate(softmaxes):
         label = node.name or node.output[0]
         if default_opset(model) < MIN_SOFTMAX_OPSET:
@@ -95,8 +113,8 @@ def fuse_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], numerics: N
             outcomes.append(SiteOutcome(label, False, reason, kind=kind))
             continue
         try:
-            replacement, outcome = _fuse_site(index, match, values, f"attnres_fusion/aggregate_{number}", seed,
-                                              numerics)
+            replacement, outcome = _fuse_site(index, match, values, types, f"attnres_fusion/aggregate_{number}",
+                                              seed, numerics, constant_of)
         except Rejected as exc:
             outcomes.append(SiteOutcome(label, False, str(exc), sources=len(match.sources)))
             continue
@@ -105,33 +123,61 @@ def fuse_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], numerics: N
     return FusionResult(apply_replacements(model, replacements), outcomes, values)
 
 
-def _fuse_site(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarray], name: str,
-               seed: int, numerics: Numerics) -> tuple[Replacement, SiteOutcome]:
+def _fuse_site(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarray], types: dict[str, int], name: str,
+               seed: int, numerics: Numerics, constant_of: ConstantOf) -> tuple[Replacement, SiteOutcome]:
     softmax = match.softmax
     example = values[match.sources[0]]
-    single = len(set(match.sources)) == 1
     evaluate = _evaluator(index, match.sources, match.output, values, numerics)
-    logits = _evaluator(index, match.sources[:1], softmax.input[0], values, numerics) if single else None
+    logits = _evaluator(index, match.sources, softmax.input[0], values, numerics) if len(match.sources) == 1 \
+        else None
     reasons = []
-    for eps in eps_candidates(index, extract_region(index, match.sources, match.output).nodes, example.shape[-1]):
+    region_nodes = extract_region(index, match.sources, match.output).nodes
+    storage = types.get(match.sources[0], oh.np_dtype_to_tensor_dtype(example.dtype))
+    for eps in eps_candidates(index, region_nodes, example.shape[-1]):
         try:
-            if logits is not None:
-                sw = fit_single_source(logits, match.sources[0], example.shape, example.dtype, eps, seed)
-            else:
-                sw = probe_score_weight(evaluate, match.sources, example.shape, example.dtype, eps)
+            candidates, unprobed = _score_weights(match, evaluate, logits, example, eps, seed, constant_of,
+                                                  region_nodes)
         except Rejected as exc:
             reasons.append(str(exc))
             continue
-        fused = FusedEvaluator(match.sources, example, eps, numerics)
-        verdict = verify(evaluate, fused, sw, eps, values, values[match.output], seed, numerics)
-        if verdict.ok:
-            result = values[match.output].dtype
-            cast_to = None if result == example.dtype else oh.np_dtype_to_tensor_dtype(result)
-            outcome = SiteOutcome(softmax.name or softmax.output[0], True, "", len(match.sources), eps,
-                                  verdict.worst.rel_l2 if verdict.worst else None)
-            return Replacement(name, match.sources, match.output, sw, eps, cast_to), outcome
-        reasons.append(verdict.reason)
+        fused = FusedEvaluator(match.sources, example, storage, eps, numerics)
+        for sw in candidates:
+            verdict = verify(evaluate, fused, sw, eps, values, values[match.output], seed, numerics)
+            if verdict.ok:
+                result = values[match.output].dtype
+                cast_to = None if result == example.dtype else oh.np_dtype_to_tensor_dtype(result)
+                outcome = SiteOutcome(softmax.name or softmax.output[0], True, "", len(match.sources), eps,
+                                      verdict.worst.rel_l2 if verdict.worst else None)
+                return Replacement(name, match.sources, match.output, sw, eps, cast_to), outcome
+            if unprobed is None:
+                reasons.append(verdict.reason)
+        if unprobed is not None:
+            reasons.append(unprobed)
     raise Rejected(reasons[0])
+
+
+def _score_weights(match: SiteMatch, evaluate, logits, example: np.ndarray, eps: float, seed: int,
+                   constant_of: ConstantOf, region_nodes: list[onnx.NodeProto]) -> tuple[list[np.ndarray], str | None]:
+    """Score weights to verify for one eps, and (when probing failed and the graph's constants stand in) why
+    probing failed.
+
+    A stack of one tensor repeated gives that tensor whatever the weights, so the graph's own constant (or zero)
+    is exact. Otherwise the probe, snapped to the region's constants it matches; when probing fails for several
+    sources (a saturated softmax), the constants' products are tried directly. Raises Rejected when there is
+    nothing to try."""
+    dim = example.shape[-1]
+    if len(set(match.sources)) == 1 and len(match.sources) > 1:
+        return [*constant_candidates(constant_of, region_nodes, dim)[:1], np.zeros(dim)], None
+    try:
+        sw = (fit_single_source(logits, match.sources[0], example.shape, example.dtype, eps, seed)
+              if logits is not None else
+              probe_score_weight(evaluate, match.sources, example.shape, example.dtype, eps))
+    except Rejected as exc:
+        fallback = [] if logits is not None else constant_candidates(constant_of, region_nodes, dim)
+        if not fallback:
+            raise
+        return fallback, str(exc)
+    return [snap_to_constants(constant_of, region_nodes, sw)], None
 
 
 def _evaluator(index: GraphIndex, sources: list[str], output: str, values: dict[str, np.ndarray],

@@ -28,8 +28,8 @@ class Agreement(Protocol):
 class Numerics:
     open_session: Callable[[onnx.ModelProto], Session]
     """Load a model (the session lives as long as the returned callable)."""
-    agree: Callable[[np.ndarray, np.ndarray], Agreement]
-    """Compare ``got`` with ``want`` against the float32 bar."""
+    agree: Callable[[np.ndarray, np.ndarray, str], Agreement]
+    """Compare ``got`` with ``want`` against the bar of the storage dtype named last (``float16``, ...)."""
 
     def run(self, model: onnx.ModelProto, feeds: Feeds) -> Feeds:
         """The outputs of ``model`` on ``feeds``, in a session of their own."""

@@ -19,8 +19,8 @@ from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.ops.onnx_nodes import attribute
 
 Evaluate = Callable[[dict[str, np.ndarray]], np.ndarray]
-SINGLE_FIT_TOLERANCE = 1e-4
-"""Relative residual of the one-source logit fit that float32 rounding stays well below."""
+SINGLE_FIT_TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 4e-2}
+"""Relative residual of the one-source logit fit that the rounding of each storage dtype stays below."""
 NORM_OPS = ("RMSNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
             "LayerNormalization")
 
@@ -109,6 +109,51 @@ def fit_single_source(
     features, target = np.vstack(rows), np.concatenate(targets)
     solution = np.linalg.lstsq(features, target, rcond=None)[0]
     residual = np.linalg.norm(features @ solution - target) / max(np.linalg.norm(target), 1e-30)
-    if residual > SINGLE_FIT_TOLERANCE:
+    tolerance = SINGLE_FIT_TOLERANCE.get(np.dtype(dtype).name, SINGLE_FIT_TOLERANCE["float32"])
+    if residual > tolerance:
         raise Rejected(f"the one-source logits are not r(v) * (v . sw) (fit residual {residual:.2g})")
     return solution[:dim]
+
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+"""Constant dtypes a score weight can be made of (ml_dtypes' bfloat16 is no numpy floating subtype)."""
+SNAP_TOLERANCE = 1e-3
+"""Relative L2 within which a product of the region's constants is taken as the probed score weight."""
+
+
+ConstantOf = Callable[[str], "np.ndarray | None"]
+"""The value of a tensor that depends on no graph input (an initializer, or computed from initializers only)."""
+
+
+def constant_candidates(constant_of: ConstantOf, nodes: Sequence[onnx.NodeProto], dim: int) -> list[np.ndarray]:
+    """Score weights the region's constants can make: one [D] constant, or the product of two, times at most one
+    scalar constant (or divided by it), in float64."""
+    vectors, scalars = [], [1.0]
+    for node in nodes:
+        for name in node.input:
+            value = constant_of(name)
+            if value is None or value.dtype.name not in FLOAT_DTYPES:
+                continue
+            if value.size == dim:
+                vectors.append(value.astype(np.float64).reshape(dim))
+            elif value.size == 1 and value.ravel()[0] != 0:
+                scalars.append(float(value.ravel()[0]))
+    products = [*vectors, *(a * b for i, a in enumerate(vectors) for b in vectors[i + 1:])]
+    return [candidate for vector in products for scale in scalars for candidate in (vector * scale, vector / scale)]
+
+
+def snap_to_constants(constant_of: ConstantOf, nodes: Sequence[onnx.NodeProto], probed: np.ndarray) -> np.ndarray:
+    """The score weight exactly as the graph's constants give it, when they do.
+
+    Probing reads ``sw`` through float32 softmaxes, so each coordinate carries rounding that grows with the
+    number of sources; an aggregation over many sources then fails its float32 check by a hair. ``sw`` is
+    usually ``gain * query`` (times a scalar logit scale), all constants of the region: the candidate within
+    SNAP_TOLERANCE of the probe is used instead. Verification still decides whether the site is fused.
+    """
+    norm = max(float(np.linalg.norm(probed)), 1e-30)
+    best, best_error = probed, SNAP_TOLERANCE
+    for candidate in constant_candidates(constant_of, nodes, probed.shape[0]):
+        error = float(np.linalg.norm(candidate - probed)) / norm
+        if error < best_error:
+            best, best_error = candidate, error
+    return best

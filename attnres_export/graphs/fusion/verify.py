@@ -1,4 +1,4 @@
-"""Keeping a rewrite only when the fused node and the original subgraph agree (the float32 bar of
+"""Keeping a rewrite only when the fused node and the original subgraph agree (the bar of the sources' dtype,
 docs/parity.md#pass-bars, judged by the injected ``Numerics``).
 
 Three trials: the activations of the reference run, random sources of mixed scales, and random sources of the
@@ -14,6 +14,7 @@ import numpy as np
 from onnx import TensorProto
 from onnx import helper as oh
 
+from attnres_export.dtypes import BY_ONNX
 from attnres_export.graphs.fusion.node import aggregate_node
 from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.probe import Evaluate
@@ -30,10 +31,13 @@ class Verdict:
 class FusedEvaluator:
     """AttnResAggregate alone, run by ONNX Runtime through the NumPy reference op; ``score_weight`` is an input."""
 
-    def __init__(self, sources: list[str], value: np.ndarray, eps: float, numerics: Numerics) -> None:
+    def __init__(self, sources: list[str], value: np.ndarray, storage: int, eps: float, numerics: Numerics) -> None:
+        """``storage`` is the sources' element type in the graph (a bfloat16 graph runs emulated in float32, so
+        the captured arrays do not say it)."""
         self.names = [f"s{i}" for i in range(len(sources))]
         self.sources = sources
-        elem = oh.np_dtype_to_tensor_dtype(value.dtype)
+        self.dtype_name = BY_ONNX[storage].name if storage in BY_ONNX else "float32"
+        elem = storage
         inputs = [oh.make_tensor_value_info("sw", TensorProto.FLOAT, [value.shape[-1]])]
         inputs += [oh.make_tensor_value_info(n, elem, list(value.shape)) for n in self.names]
         node = aggregate_node("fused", "sw", self.names, "h", eps)
@@ -61,7 +65,8 @@ def verify(region: Evaluate, fused: FusedEvaluator, sw: np.ndarray, eps: float, 
     worst = None
     for trial, (feeds, reference) in trials.items():
         want = region(feeds) if reference is None else reference
-        metrics = numerics.agree(np.asarray(fused(sw, feeds), dtype=np.float64), np.asarray(want, np.float64))
+        metrics = numerics.agree(np.asarray(fused(sw, feeds), dtype=np.float64), np.asarray(want, np.float64),
+                                 fused.dtype_name)
         if worst is None or metrics.rel_l2 > worst.rel_l2:
             worst = metrics
         if not metrics.ok:
