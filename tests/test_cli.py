@@ -35,7 +35,7 @@ def test_example_export_inspect_and_convert_work_end_to_end(tmp_path):
     assert invoke("example", ckpt, "--block-size", "2", "--d-model", "32", "--d-ff", "48").exit_code == 0
     result = invoke("export", ckpt, "-o", out, "--report", tmp_path / "r.json", "--seq", "1:4:8")
     assert result.exit_code == 0, result.output
-    assert "Parity against the float32 PyTorch reference" in result.output
+    assert "Parity against the PyTorch model run in float64" in result.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["ok"] and report["target"] == "tensorrt" and report["dtype"] == "float32"
     assert report["fused_nodes"] == 5 and report["checks"][0]["backend"] == "onnxruntime+ref-ops"

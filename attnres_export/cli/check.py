@@ -76,7 +76,8 @@ def check(
         status.update("running the float32 PyTorch reference")
         expected = run_reference(reference, run_shapes, feeds)
         result = run_checks(reference, runners, run_shapes, feeds, progress=lambda what: status.update(what),
-                            expected=expected)
+                            expected=expected, precise=TorchRunner(reference_model, list(reference_model.output_names),
+                                                                   dtype="float64"))
     result.extra.update({"checkpoint": str(model), "seed": seed})
     console.print(report_table(result))
     if save_polygraphy is not None:

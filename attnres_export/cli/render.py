@@ -13,14 +13,20 @@ from attnres_export.parity.report import Report
 
 
 def report_table(report: Report, title: str = "Parity against the float32 PyTorch reference") -> Table:
+    scaled = any(m.pytorch_float32_rel_l2 is not None for c in report.checks for m in c.outputs.values())
+    if scaled:
+        title = "Parity against the PyTorch model run in float64 (bars scale with float32 PyTorch's own error)"
     table = Table(title=title)
-    for column in ("backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2", "cosine", "pass"):
-        table.add_column(column, justify="right" if column.startswith(("max", "rel", "cos")) else "left")
+    columns = ["backend", "artifact", "shape", "output", "max abs", "max rel", "rel L2",
+               *(["PyTorch f32 rel L2"] if scaled else []), "cosine", "pass"]
+    for column in columns:
+        table.add_column(column, justify="right" if column.startswith(("max", "rel", "cos", "PyT")) else "left")
     for check in report.checks:
         for name, m in check.outputs.items():
+            own = [] if not scaled else ["" if m.pytorch_float32_rel_l2 is None else f"{m.pytorch_float32_rel_l2:.3g}"]
             table.add_row(
                 check.backend, check.artifact, "x".join(map(str, check.shape)), name,
-                f"{m.max_abs:.3g}", f"{m.max_rel:.3g}", f"{m.rel_l2:.3g}", f"{m.cosine:.9f}",
+                f"{m.max_abs:.3g}", f"{m.max_rel:.3g}", f"{m.rel_l2:.3g}", *own, f"{m.cosine:.9f}",
                 "[green]yes[/green]" if m.ok else "[red]NO[/red]",
             )
     return table

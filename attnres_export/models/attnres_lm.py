@@ -16,6 +16,7 @@ from torch import nn
 
 from attnres_export.models.config import ModelConfig
 from attnres_export.ops.aggregate import attnres_aggregate
+from attnres_export.ops.precision import at_least_float32
 
 ROPE_THETA = 10000.0
 
@@ -29,23 +30,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = at_least_float32(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return (normed * at_least_float32(self.weight)).to(x.dtype)
 
 
 class KeepFloat32(nn.Module):
-    """A module whose parameters and buffers stay float32 under ``.half()``/``.to(dtype)``.
+    """A module whose parameters and buffers are never rounded below float32 by ``.half()``/``.to(dtype)``.
 
     Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
-    float16 or bfloat16 export must not round them; device moves still apply.
+    float16 or bfloat16 export must not round them; a float64 copy (the precise parity reference) widens them,
+    and device moves still apply.
     """
 
     def _apply(self, fn, recurse=True):
         before = {name: t.dtype for name, t in self._float_tensors().items()}
         super()._apply(fn, recurse)
         for name, t in self._float_tensors().items():
-            if t.dtype != before[name]:
+            if t.dtype != before[name] and t.dtype != torch.float64:
                 t.data = t.data.to(before[name])
         return self
 
@@ -65,7 +67,7 @@ class DepthAggregation(KeepFloat32):
 
     def compute_score_weight(self) -> torch.Tensor:
         """``gain * query`` folded in float32."""
-        return self.norm.weight.float() * self.query.float()
+        return at_least_float32(self.norm.weight) * at_least_float32(self.query)
 
     def fold(self) -> None:
         """Freeze ``score_weight`` into a float32 buffer, so an export holds it as one named initializer."""
@@ -93,7 +95,7 @@ class Rotary(KeepFloat32):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``[x1*cos - x2*sin, x2*cos + x1*sin]`` on ``[B, H, T, hd]``, in float32."""
-    xf = x.float()
+    xf = at_least_float32(x)
     half = xf.shape[-1] // 2
     x1, x2 = xf[..., :half], xf[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -119,10 +121,10 @@ class Attention(nn.Module):
         q = apply_rotary(heads(self.wq), cos, sin)
         k = apply_rotary(heads(self.wk), cos, sin)
         v = heads(self.wv)
-        scores = (q.float() @ k.float().transpose(-1, -2)) * (self.head_dim**-0.5)
+        scores = (at_least_float32(q) @ at_least_float32(k).transpose(-1, -2)) * (self.head_dim**-0.5)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        out = (probs @ v.float()).to(x.dtype)
+        out = (probs @ at_least_float32(v)).to(x.dtype)
         return self.wo(out.transpose(1, 2).reshape(b, t, d))
 
     def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor,
@@ -139,9 +141,9 @@ class Attention(nn.Module):
         k = torch.cat([past_k, apply_rotary(heads(self.wk), cos, sin)], dim=2)
         v = torch.cat([past_v, heads(self.wv)], dim=2)
         q = apply_rotary(heads(self.wq), cos, sin)
-        scores = (q.float() @ k.float().transpose(-1, -2)) * (self.head_dim**-0.5)
+        scores = (at_least_float32(q) @ at_least_float32(k).transpose(-1, -2)) * (self.head_dim**-0.5)
         probs = scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(dim=-1)
-        out = (probs @ v.float()).to(x.dtype)
+        out = (probs @ at_least_float32(v)).to(x.dtype)
         return self.wo(out.transpose(1, 2).reshape(b, t, d)), k, v
 
 
@@ -210,7 +212,7 @@ class AttnResLM(nn.Module):
         cos, sin = self.rotary(input_ids.shape[1])
         h = self.embed(input_ids)
         x = self._standard(h, cos, sin) if self.config.residual == "standard" else self._attnres(h, cos, sin)
-        return self.lm_head(self.norm(x)).float()
+        return at_least_float32(self.lm_head(self.norm(x)))
 
     def forward_with_past(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                           past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -235,7 +237,7 @@ class AttnResLM(nn.Module):
             x = self._standard(h, cos, sin, cache)
         else:
             x = self._attnres(h, cos, sin, cache)
-        return self.lm_head(self.norm(x)).float(), cache.presents
+        return at_least_float32(self.lm_head(self.norm(x))), cache.presents
 
     def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              cache: _KVStep | None = None) -> torch.Tensor:

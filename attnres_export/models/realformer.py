@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnres_export.models.config import ModelConfig
+from attnres_export.ops.precision import at_least_float32
 from attnres_export.ops.residual_attention import residual_score_attention
 
 MASK_BIAS = -10000.0
@@ -29,7 +30,8 @@ class LayerNorm(nn.LayerNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
+        normed = F.layer_norm(at_least_float32(x), self.normalized_shape, at_least_float32(self.weight),
+                              at_least_float32(self.bias), self.eps)
         return normed.to(x.dtype)
 
 
@@ -138,7 +140,7 @@ class RealFormer(nn.Module):
         for layer in self.layers:
             x, scores = layer(x, carried[-1] if carried else None, mask_bias)
             carried.append(scores)
-        return x.float(), carried
+        return at_least_float32(x), carried
 
     def fold_score_weights(self) -> None:
         """Nothing to fold: RealFormer has no AttnRes aggregation weights (export interface of AttnResLM)."""

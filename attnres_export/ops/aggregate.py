@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from attnres_export.ops.opset import MAX_SOURCES
+from attnres_export.ops.precision import at_least_float32
 
 
 def attnres_aggregate_reference(
@@ -21,8 +22,8 @@ def attnres_aggregate_reference(
     ``score_weight`` is the folded ``gain * query`` (``[D]``); every source is ``[..., D]``.
     """
     _check_operands(score_weight, sources)
-    stacked = torch.stack([s.float() for s in sources], dim=0)
-    sw = score_weight.float()
+    stacked = torch.stack([at_least_float32(s) for s in sources], dim=0)
+    sw = at_least_float32(score_weight)
     inv_rms = torch.rsqrt(stacked.pow(2).mean(dim=-1) + eps)
     logits = inv_rms * (stacked @ sw)
     weights = torch.softmax(logits, dim=0)

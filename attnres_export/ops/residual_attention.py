@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from attnres_export.ops.precision import at_least_float32
+
 
 def residual_score_attention_reference(
     q: torch.Tensor,
@@ -22,13 +24,13 @@ def residual_score_attention_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op in float32 arithmetic: ``(out [B,H,Tq,dv]`` in q's dtype, ``scores [B,H,Tq,Tk]`` float32)."""
     _check_operands(q, k, v, prev_scores)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = (at_least_float32(q) @ at_least_float32(k).transpose(-1, -2)) * scale
     if prev_scores is not None:
-        scores = scores + prev_scores.float()
+        scores = scores + at_least_float32(prev_scores)
     logits = scores / logit_divisor
     if mask_bias is not None:
-        logits = logits + mask_bias.float()
-    out = torch.softmax(logits, dim=-1) @ v.float()
+        logits = logits + at_least_float32(mask_bias)
+    out = torch.softmax(logits, dim=-1) @ at_least_float32(v)
     return out.to(q.dtype), scores
 
 

@@ -11,16 +11,18 @@ from collections.abc import Sequence
 
 import torch
 
+from attnres_export.ops.precision import at_least_float32
+
 
 def _logits(score_weight: torch.Tensor, stacked: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.rsqrt(stacked.pow(2).mean(-1) + eps) * (stacked @ score_weight.float())
+    return torch.rsqrt(stacked.pow(2).mean(-1) + eps) * (stacked @ at_least_float32(score_weight))
 
 
 def phase1(
     score_weights: Sequence[torch.Tensor], blocks: Sequence[torch.Tensor], eps: float
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each query: the softmax-normalised mix ``o_s`` of the completed blocks and its log-sum-exp ``lse_s``."""
-    stacked = torch.stack([b.float() for b in blocks])
+    stacked = torch.stack([at_least_float32(b) for b in blocks])
     results = []
     for sw in score_weights:
         logits = _logits(sw, stacked, eps)
@@ -34,7 +36,7 @@ def phase2(
     score_weight: torch.Tensor, partial: torch.Tensor, mixed: torch.Tensor, lse: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """``h = o + sigmoid(s2 - lse) * (p - o)`` with ``s2`` the partial sum's logit (float32)."""
-    p = partial.float()
+    p = at_least_float32(partial)
     s2 = _logits(score_weight, p.unsqueeze(0), eps)[0]
     gate = torch.sigmoid(s2 - lse).unsqueeze(-1)
     return mixed + gate * (p - mixed)

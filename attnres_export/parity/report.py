@@ -12,7 +12,7 @@ import numpy as np
 from attnres_export.atomic import write_text_atomic
 from attnres_export.backends.base import Runner
 from attnres_export.dtypes import Tolerance
-from attnres_export.parity.metrics import ErrorMetrics, compare
+from attnres_export.parity.metrics import ErrorMetrics, compare, compare_scaled
 
 MISSING = ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False)
 """Metrics of an output the backend did not produce."""
@@ -69,19 +69,31 @@ def run_checks(
     make_feeds: FeedMaker,
     progress: Callable[[str], None] | None = None,
     expected: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
+    precise: Runner | None = None,
 ) -> Report:
     """Run ``reference`` (unless its ``expected`` outputs are given) and every (runner, dtype, tolerance) on the
-    same feeds for each shape."""
+    same feeds for each shape.
+
+    With ``precise`` (the model in float64), every output is compared with the float64 outputs, at a bar that
+    scales with the float32 reference's own error there (``scaled_tolerance``); both errors are reported."""
     report = Report()
     if expected is None:
         expected = run_reference(reference, shapes, make_feeds)
+    exact = run_reference(precise, shapes, make_feeds) if precise is not None else None
     for runner, dtype, tol in runners:
         with runner:
             for shape in shapes:
                 if progress:
                     progress(f"{runner.backend} at {'x'.join(map(str, shape))}")
                 got = runner.infer(make_feeds(shape))
-                metrics = {name: compare(got[name], ref, tol) if name in got else MISSING
-                           for name, ref in expected[shape].items()}
+                metrics = {}
+                for name, ref in expected[shape].items():
+                    if name not in got:
+                        metrics[name] = MISSING
+                    elif exact is None:
+                        metrics[name] = compare(got[name], ref, tol)
+                    else:
+                        own = compare(ref, exact[shape][name], tol)
+                        metrics[name] = compare_scaled(got[name], exact[shape][name], tol, own)
                 report.checks.append(Check(list(shape), runner.backend, runner.artifact, dtype, metrics))
     return report

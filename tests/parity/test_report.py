@@ -69,3 +69,22 @@ def test_nan_output_fails_even_when_metrics_would_pass():
     ref = np.ones(4)
     out = np.array([1.0, 1.0, 1.0, np.nan])
     assert not compare(out, ref, tolerance_for("bfloat16")).ok
+
+
+def test_against_a_float64_reference_the_bar_scales_with_float32_pytorchs_own_error():
+    """A deep model: float32 PyTorch is 6e-6 off the float64 result; an export 1.5e-5 off misses the fixed 1e-5 bar
+    but is within 4x PyTorch's own error, and one 3e-5 off is not."""
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64))}
+    exact = FixedRunner(1.0, "pytorch-float64")
+    pytorch32 = FixedRunner(1.0 + 6e-6, "pytorch-float32")
+    close, far = FixedRunner(1.0 + 1.5e-5, "close"), FixedRunner(1.0 + 3e-5, "far")
+    tol = tolerance_for("float32")
+    fixed = run_checks(exact, [(close, "float32", tol)], [(4, 64)], lambda _: feeds)
+    scaled = run_checks(pytorch32, [(close, "float32", tol), (far, "float32", tol)], [(4, 64)], lambda _: feeds,
+                        precise=exact)
+    assert not fixed.ok
+    verdicts = {c.backend: c.outputs["y"] for c in scaled.checks}
+    assert verdicts["close"].ok and not verdicts["far"].ok
+    assert abs(verdicts["close"].pytorch_float32_rel_l2 - 6e-6) < 1e-9
+    assert abs(verdicts["close"].rel_l2 - 1.5e-5) < 1e-9
+    assert "PyTorch f32 rel L2" in render(scaled)
