@@ -96,18 +96,9 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
 
     status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset})")
     onnx_model = _export(model, ranges, opts)
-    fused_nodes = attnres_nodes(onnx_model.graph)
-    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
-    expected = model.fused_node_count()
-    if fused != expected:
-        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
-                          "please report this")
-    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
-            "target": opts.target, "arch": cfg.arch, "dims": {k: v.as_list() for k, v in ranges.items()},
-            "inputs": {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}}
-    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
-    if fused:
-        onnx_model = convert(onnx_model, opts.target)
+    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}
+    onnx_model, fused, fused_by_type, expected = _stamp_and_convert(
+        onnx_model, model, opts, ranges, {"arch": cfg.arch, "inputs": inputs})
 
     out = opts.resolved_output()
     report = check_export(model, onnx_model, out, ranges, opts, status) if opts.check else None
@@ -129,20 +120,11 @@ def _export_with_past(model: torch.nn.Module, cfg, opts: ExportOptions, status: 
     ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
     status(f"tracing and exporting the with-past graph to ONNX ({opts.dtype}, opset {opts.opset})")
     onnx_model, reference = export_with_past(model, ranges, opts.dtype, opts.opset, opts.seed)
-    fused_nodes = attnres_nodes(onnx_model.graph)
-    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
-    expected = model.fused_node_count()
-    if fused != expected:
-        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
-                          "please report this")
-    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
-            "target": opts.target, "arch": cfg.arch, "with_past": True,
-            "dims": {k: v.as_list() for k, v in ranges.items()}, "inputs": reference.input_axes(),
-            "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
-            "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len}
-    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
-    if fused:
-        onnx_model = convert(onnx_model, opts.target)
+    onnx_model, fused, fused_by_type, expected = _stamp_and_convert(
+        onnx_model, model, opts, ranges,
+        {"arch": cfg.arch, "with_past": True, "inputs": reference.input_axes(), "n_layers": cfg.n_layers,
+         "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+         "max_seq_len": cfg.max_seq_len})
     out = opts.resolved_output()
     report = None
     if opts.check:
@@ -159,6 +141,25 @@ def _export_with_past(model: torch.nn.Module, cfg, opts: ExportOptions, status: 
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out),
                              "with_past": True, "shapes": "batch x seq x past"})
     return ExportResult(out, files, fused, expected, report, fused_by_type)
+
+
+def _stamp_and_convert(onnx_model: onnx.ModelProto, model: torch.nn.Module, opts: ExportOptions,
+                       ranges: dict[str, DimRange], extra_meta: dict
+                       ) -> tuple[onnx.ModelProto, int, dict[str, int], int]:
+    """Check the export fused every aggregation the model has, stamp the export metadata, and convert the
+    fused nodes to the target's form: ``(model, fused, fused_by_type, expected)``."""
+    fused_nodes = attnres_nodes(onnx_model.graph)
+    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
+    expected = model.fused_node_count()
+    if fused != expected:
+        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
+                          "please report this")
+    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
+            "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()}, **extra_meta}
+    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
+    if fused:
+        onnx_model = convert(onnx_model, opts.target)
+    return onnx_model, fused, fused_by_type, expected
 
 
 def failed_path(out: Path) -> Path:
