@@ -8,6 +8,8 @@ another activation (P V). Anything else is "other".
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import onnx
 
 from attnres_export.graphs.fusion.graph import GraphIndex
@@ -51,31 +53,29 @@ class _Activations:
 
 def _products_behind(index: GraphIndex, name: str) -> list[onnx.NodeProto]:
     """Products (MatMul/Einsum/Gemm) that ``name`` is computed from through element-wise and shape ops."""
-    found, seen, pending = [], set(), [name]
-    while pending and len(seen) < MAX_STEPS:
-        node = index.producer.get(pending.pop())
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.op_type in PRODUCTS:
-            found.append(node)
-        elif node.op_type in PASS_THROUGH:
-            pending.extend(i for i in node.input if i)
-    return found
+    return _products_reached(name, lambda t: [n for n in [index.producer.get(t)] if n is not None],
+                             lambda node: node.input)
 
 
 def _products_after(index: GraphIndex, name: str) -> list[onnx.NodeProto]:
     """Products that take ``name`` through element-wise and shape ops."""
+    return _products_reached(name, lambda t: index.consumers.get(t, []), lambda node: node.output)
+
+
+def _products_reached(name: str, neighbours: Callable[[str], Iterable[onnx.NodeProto]],
+                      onward: Callable[[onnx.NodeProto], Iterable[str]]) -> list[onnx.NodeProto]:
+    """The walk both directions share: stop at products, pass through ``PASS_THROUGH`` ops, at most
+    ``MAX_STEPS`` nodes."""
     found, seen, pending = [], set(), [name]
     while pending and len(seen) < MAX_STEPS:
-        for node in index.consumers.get(pending.pop(), []):
+        for node in neighbours(pending.pop()):
             if id(node) in seen:
                 continue
             seen.add(id(node))
             if node.op_type in PRODUCTS:
                 found.append(node)
             elif node.op_type in PASS_THROUGH:
-                pending.extend(o for o in node.output if o)
+                pending.extend(t for t in onward(node) if t)
     return found
 
 
