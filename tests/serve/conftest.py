@@ -46,3 +46,18 @@ def attnres_onnx(tmp_path) -> Path:
     path = tmp_path / "agg.tensorrt.onnx"
     onnx.save(aggregate_model(), str(path))
     return path
+
+
+@pytest.fixture
+def fake_engine(fake_trt, libraries, portable_onnx, tmp_path, monkeypatch) -> Path:  # noqa: F811
+    """``portable_onnx`` built on the TensorRT fake (batch 1:2:4, static plugin), with CUDA reported present
+    because the fake deserializes without a GPU."""
+    import torch
+
+    from attnres_export.dims import DimRange
+    from attnres_export.engine.builder import BuildOptions, build_engine
+
+    engine = tmp_path / "m.engine"
+    build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return engine

@@ -103,15 +103,9 @@ def test_an_invalid_config_is_caught_by_tritons_schema():
                         'instance_group [ { count: 0 } ]\n', signature, "onnxruntime")
 
 
-def test_an_engine_becomes_a_tensorrt_plan_model_with_its_plugin_and_a_group_per_profile(
-        fake_trt, libraries, portable_onnx, tmp_path, monkeypatch):
-    import torch
-
-    engine = tmp_path / "m.engine"
-    build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the fake deserializes without a GPU
+def test_an_engine_becomes_a_tensorrt_plan_model_with_its_plugin_and_a_group_per_profile(fake_engine, tmp_path):
     repo = tmp_path / "repo"
-    result = runner.invoke(app, ["triton-repo", str(engine), "-o", str(repo), "--cuda-graphs", "--gpus", "0"])
+    result = runner.invoke(app, ["triton-repo", str(fake_engine), "-o", str(repo), "--cuda-graphs", "--gpus", "0"])
     assert result.exit_code == 0, result.output
     model = repo / "m"
     assert sorted(p.relative_to(model).as_posix() for p in model.rglob("*")) == [

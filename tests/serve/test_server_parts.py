@@ -120,21 +120,13 @@ def test_a_port_in_use_is_one_line_before_anything_starts(portable_onnx):
     assert f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}" in lines[0]
 
 
-def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_trt, libraries, portable_onnx, tmp_path,
-                                                                        monkeypatch):
+def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_engine, monkeypatch):
     """The fake deserializes but cannot execute: this covers loading, the signature and the instances only."""
-    import torch
-
     from attnres_export.backends.tensorrt_runner import TensorRTRunner
-    from attnres_export.dims import DimRange
-    from attnres_export.engine.builder import BuildOptions, build_engine
     from attnres_export.serve.server import ServeOptions, load_model
 
-    engine = tmp_path / "m.engine"
-    build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(TensorRTRunner, "activate", TensorRTRunner.load)  # no CUDA stream without a GPU
-    served = load_model(ServeOptions(engine, instances=3, max_batch=2))
+    served = load_model(ServeOptions(fake_engine, instances=3, max_batch=2))
     assert served.name == "m" and served.backend == "TensorRT" and len(served.runners) == 3
     assert len({id(r) for r in served.runners}) == 3 and all(r.engine is not None for r in served.runners)
     assert [(s.name, s.dtype, s.dims) for s in served.signature.inputs] == [("input_ids", "int64", (-1, -1))]

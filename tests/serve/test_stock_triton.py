@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from attnres_export.engine.builder import BuildOptions, build_engine
 from attnres_export.serve.repository import RepoOptions, write_repository
 from tests.serve.conftest import NEEDS_SERVER
 
@@ -26,17 +25,10 @@ def tritonserver() -> Path:
 
 
 def test_the_bundled_triton_validates_both_configs_and_stops_only_at_the_missing_backends(
-        fake_trt, libraries, portable_onnx, tmp_path, monkeypatch):
-    import torch
-
-    from attnres_export.dims import DimRange
-
-    engine = tmp_path / "m.engine"
-    build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the fake deserializes without a GPU
+        fake_engine, portable_onnx, tmp_path):
     repo = tmp_path / "repo"
     write_repository(RepoOptions(portable_onnx, repo, "ort", instances=2))
-    write_repository(RepoOptions(engine, repo, "trt", cuda_graphs=True))
+    write_repository(RepoOptions(fake_engine, repo, "trt", cuda_graphs=True))
     root = tritonserver()
     result = subprocess.run(
         [str(root / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={root / 'backends'}",
