@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from attnres_export.backends.base import Feeds, Runner
 from attnres_export.dtypes import torch_dtype
@@ -13,18 +15,48 @@ from attnres_export.ops.precision import at_least_float32
 
 
 class TorchRunner(Runner):
-    """A PyTorch module in eager mode, on the CPU; ``dtype`` casts a copy (the float32 one is the reference, the
-    float64 one measures the float32 one's own error)."""
+    """A PyTorch module in eager mode, on the CPU, computing in ``dtype`` (float32: the reference; float64: what
+    measures the float32 one's own error). The module is not copied: a tensor stored in another type is cast
+    each time it is read, so a float64 run of a multi-GB model holds one layer's weights in float64 at a time."""
 
     def __init__(self, model: nn.Module, output_names: list[str], dtype: str = "float32", artifact: str = "") -> None:
         self.backend = f"pytorch-{dtype}"
         self.artifact = artifact
         self.output_names = output_names
-        self.model = model if dtype == "float32" else copy.deepcopy(model).to(torch_dtype(dtype))
+        self.model = model
+        self.dtype = torch_dtype(dtype)
 
     def infer(self, feeds: Feeds) -> Feeds:
-        with torch.inference_mode():
+        with torch.inference_mode(), read_as(self.model, self.dtype):
             outputs = self.model(**{k: torch.from_numpy(v) for k, v in feeds.items()})
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         return {name: at_least_float32(t).numpy() for name, t in zip(self.output_names, outputs, strict=True)}
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.dtype)
+
+
+@contextmanager
+def read_as(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """Inside, every floating-point parameter and buffer of ``model`` reads as ``dtype`` (a parametrization
+    casts it at each access); afterwards the module is as it was, the same tensors in the same places."""
+    cast = _Cast(dtype)
+    registered: list[tuple[nn.Module, str]] = []
+    try:
+        for module in list(model.modules()):
+            owned = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+            for name, tensor in owned:
+                if tensor.is_floating_point() and tensor.dtype != dtype:
+                    parametrize.register_parametrization(module, name, cast, unsafe=True)
+                    registered.append((module, name))
+        yield
+    finally:
+        for module, name in reversed(registered):
+            parametrize.remove_parametrizations(module, name, leave_parametrized=False)

@@ -7,6 +7,8 @@ exporter sees exactly one op per aggregation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
@@ -83,9 +85,10 @@ class Rotary(KeepFloat32):
 
     def __init__(self, max_seq_len: int, head_dim: int) -> None:
         super().__init__()
-        inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        angles = torch.cat([angles, angles], dim=-1)
+        with torch.device("cpu"):  # computed, not loaded: real even when the model is built on "meta"
+            inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+            angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
@@ -267,11 +270,18 @@ class AttnResLM(nn.Module):
                 partial = None
         return self.out_res(blocks)
 
-    def fold_score_weights(self) -> None:
-        """Freeze every aggregation's ``gain * query`` (for export: one float32 initializer each)."""
-        for module in self.modules():
-            if isinstance(module, DepthAggregation):
-                module.fold()
+    @contextmanager
+    def score_weights_folded(self) -> Iterator[None]:
+        """Inside, every aggregation's ``gain * query`` is frozen (for export: one float32 initializer each);
+        afterwards it is computed again, so the model stays a reference that float64 reads exactly."""
+        aggregations = [module for module in self.modules() if isinstance(module, DepthAggregation)]
+        for module in aggregations:
+            module.fold()
+        try:
+            yield
+        finally:
+            for module in aggregations:
+                module.score_weight = None
 
     def random_inputs(self, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Token ids ``[batch, seq]`` drawn uniformly from the vocabulary."""

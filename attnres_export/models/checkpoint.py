@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from attnres_export.atomic import atomic_write
+from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import CheckpointError
 from attnres_export.models.config import ModelConfig
 
@@ -41,10 +42,14 @@ def save_checkpoint(model: nn.Module, cfg: ModelConfig, path: Path) -> None:
         torch.save(payload, tmp)
 
 
-def load_checkpoint(path: Path) -> tuple[nn.Module, ModelConfig]:
+def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Module, ModelConfig]:
     """Load a checkpoint (a ``.pt`` file, or a folder with config.json and safetensors weights: our own layout or
-    K3 conventions, docs/models.md#checkpoint-folders) into a float32 model in eval mode; anything else is refused
-    with one line."""
+    K3 conventions, docs/models.md#checkpoint-folders) into a model in eval mode; anything else is refused
+    with one line.
+
+    Weights are held in ``dtype`` (``None``: as stored), except that the aggregation and rotary tensors are never
+    below float32 (``KeepFloat32``). The model is built without allocating weights, and a tensor already in its
+    type is used as read (memory-mapped from a ``.pt``): loading holds the weights once."""
     path = Path(path)
     if path.is_dir():
         from attnres_export.models.hf_folder import read_folder
@@ -55,16 +60,44 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, ModelConfig]:
         payload = _read_payload(path)
     cfg = ModelConfig.from_dict(payload["config"])
     _check_sizes_before_building(cfg, payload["state_dict"], path)
-    model = build_model(cfg)
-    _load_state(model, payload["state_dict"], path)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    _load_state(model, payload["state_dict"], path, dtype)
     return model.eval(), cfg
+
+
+def model_as(model: nn.Module, dtype: str) -> nn.Module:
+    """``model`` with its weights in ``dtype`` (``KeepFloat32`` tensors never below float32): ``model`` itself when
+    they already are, else a new model that shares every tensor already in its type."""
+    state = model.state_dict()
+    wanted = _stored_types(model, state, dtype)
+    if all(tensor.dtype == wanted[key] for key, tensor in state.items()):
+        return model
+    with torch.device("meta"):
+        twin = build_model(model.config)
+    twin.load_state_dict({key: tensor.to(wanted[key]) for key, tensor in state.items()}, assign=True)
+    return twin.eval()
+
+
+def _stored_types(model: nn.Module, state: dict, dtype: str | None) -> dict[str, torch.dtype]:
+    """The type each state_dict entry is held in: ``dtype`` (or as stored), at least float32 under ``KeepFloat32``."""
+    from attnres_export.models.attnres_lm import KeepFloat32
+
+    keep = {f"{prefix}.{name}" if prefix else name
+            for prefix, module in model.named_modules() if isinstance(module, KeepFloat32)
+            for name in module.state_dict()}
+    types = {}
+    for key, tensor in state.items():
+        held = tensor.dtype if dtype is None else torch_dtype(dtype)
+        types[key] = torch.promote_types(held, torch.float32) if key in keep else held
+    return types
 
 
 def _read_payload(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file; pass the path of an attnres checkpoint (.pt)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         if found is None and not _is_pickle_stream(path):
@@ -130,7 +163,7 @@ def _check_sizes_before_building(cfg: ModelConfig, state: dict, path: Path) -> N
                                   f"{names}; fix the config or the weights")
 
 
-def _load_state(model: nn.Module, state: dict, path: Path) -> None:
+def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -154,7 +187,11 @@ def _load_state(model: nn.Module, state: dict, path: Path) -> None:
         if not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
                                   "corrupted (re-save them from a healthy model)")
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    wanted = _stored_types(model, state, dtype)
+    model.load_state_dict({key: value.to(wanted[key]) for key, value in state.items()}, assign=True)
+    left = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
+    if left:
+        raise CheckpointError(f"{path}: the model has tensors the checkpoint does not set ({_few(left)})")
 
 
 def _is_pickle_stream(path: Path) -> bool:

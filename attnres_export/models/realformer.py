@@ -7,6 +7,7 @@ takes (pre-mask, pre-softmax), while the padding bias is added afresh in every l
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
 import numpy as np
@@ -142,8 +143,9 @@ class RealFormer(nn.Module):
             carried.append(scores)
         return at_least_float32(x), carried
 
-    def fold_score_weights(self) -> None:
+    def score_weights_folded(self) -> AbstractContextManager[None]:
         """Nothing to fold: RealFormer has no AttnRes aggregation weights (export interface of AttnResLM)."""
+        return nullcontext()
 
     def fused_node_count(self) -> int:
         """ResidualScoreAttention nodes an export holds: one per layer."""
