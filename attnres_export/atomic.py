@@ -79,6 +79,24 @@ def temporary_dir_beside(path: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def scratch_file_beside(path: Path, suffix: str) -> Iterator[Path]:
+    """A private file beside ``path`` for a helper to read (never renamed into place), removed at the end
+    whatever happens; a killed run's is removed by the next run to ``path``."""
+    path = Path(path)
+    remove_stale_temporaries(path)
+    scratch = None
+    try:
+        with deferred_signals():
+            fd, name = tempfile.mkstemp(prefix=_prefix(path), suffix=suffix, dir=path.parent)
+            os.close(fd)
+            scratch = Path(name)
+        yield scratch
+    finally:
+        if scratch is not None:
+            scratch.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
 def atomic_write(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only when the block succeeds."""
     path = Path(path)

@@ -12,14 +12,19 @@ from pathlib import Path
 
 import onnx
 
+from attnres_export.atomic import scratch_file_beside
 from attnres_export.backends import reference_ops
 from attnres_export.backends.base import Feeds, Runner
 from attnres_export.backends.bf16_emulation import emulate_bfloat16, has_bfloat16
 from attnres_export.errors import ParityError
+from attnres_export.graphs.external_data import external_locations
+from attnres_export.graphs.external_save import save_with_external_data
 from attnres_export.graphs.load import load_onnx
-from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
 from attnres_export.graphs.validate import validate_attnres_nodes
 from attnres_export.ops.descriptors import is_attnres
+
+IN_MEMORY_BYTES = 256 << 20
+"""Largest model handed to ONNX Runtime as serialized bytes."""
 
 
 class OnnxRuntimeRunner(Runner):
@@ -38,8 +43,9 @@ class OnnxRuntimeRunner(Runner):
         """Intra-op threads (None: ONNX Runtime's default, one per core); benchmarks pin it to torch's count."""
         self.artifact = artifact or (str(model) if isinstance(model, Path) else "")
         self.session = None
+        self._path = model if isinstance(model, Path) else None
         if isinstance(model, Path):
-            loaded = load_onnx(model)
+            loaded = load_onnx(model, load_external_data=False)
         else:
             loaded = model
             validate_attnres_nodes(loaded, self.artifact or "the model")
@@ -53,6 +59,9 @@ class OnnxRuntimeRunner(Runner):
         import onnxruntime as ort
 
         model = self._model
+        beside = self._path if self._path is not None and external_locations(model) else None
+        if beside is not None and self.emulates_bfloat16:
+            model, beside = load_onnx(self._path), None
         if self.emulates_bfloat16:
             model = emulate_bfloat16(model)
         options = ort.SessionOptions()
@@ -64,7 +73,8 @@ class OnnxRuntimeRunner(Runner):
             model = reference_ops.with_reference_ops(model)
             options.register_custom_ops_library(reference_ops.library_path())
         try:
-            self.session = _session(model, options, self.providers)
+            self.session = (_session(model, options, self.providers) if beside is None else
+                            _session_beside(model, beside, options, self.providers))
         except Exception as exc:
             raise ParityError(f"ONNX Runtime could not load {self.artifact or 'the model'}: {exc}") from exc
 
@@ -85,15 +95,33 @@ class OnnxRuntimeRunner(Runner):
         self.session = None
 
 
-def _session(model: onnx.ModelProto, options, providers: list[str]):
-    """An ONNX Runtime session; models over protobuf's 2 GB limit go through a temporary external-data file."""
+def _session_beside(model: onnx.ModelProto, path: Path, options, providers: list[str]):
+    """A session on ``model``, a weightless graph whose weights are the external data of the file at ``path``.
+
+    ONNX Runtime reads external data only from the model's own folder (it refuses links out of it), so a graph
+    rewritten for the session (reference ops) is written there under a private name and removed once the session
+    has read it; where the folder is read-only, the weights are loaded and the model goes in whole."""
     import onnxruntime as ort
 
-    if not needs_external_data(model):
+    try:
+        with scratch_file_beside(path, ".ort.onnx") as sidecar:
+            onnx.save_model(model, str(sidecar))
+            return ort.InferenceSession(str(sidecar), options, providers=providers)
+    except PermissionError:
+        onnx.load_external_data_for_model(model, str(path.resolve().parent))
+        return _session(model, options, providers)
+
+
+def _session(model: onnx.ModelProto, options, providers: list[str]):
+    """An ONNX Runtime session. A model over ``IN_MEMORY_BYTES`` goes through a temporary external-data file:
+    serializing it in memory would hold its weights a second time (and protobuf stops at 2 GB)."""
+    import onnxruntime as ort
+
+    if model.ByteSize() <= IN_MEMORY_BYTES:
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="attnres-ort-") as tmp:
         path = Path(tmp) / "model.onnx"
-        onnx.save_model(copy_model(model), str(path), save_as_external_data=True, location="model.onnx.data")
+        save_with_external_data(model, path, "model.onnx.data")
         return ort.InferenceSession(str(path), options, providers=providers)
 
 

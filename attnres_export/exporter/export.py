@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import gc
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -11,24 +11,28 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
 
 from attnres_export import __version__
-from attnres_export.atomic import check_outputs
+from attnres_export.atomic import check_outputs, temporary_dir_beside
+from attnres_export.backends.base import Runner
 from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.backends.torch_runner import TorchRunner
 from attnres_export.dims import DimRange
-from attnres_export.dtypes import STORAGE_TYPES, Tolerance, torch_dtype
+from attnres_export.dtypes import STORAGE_TYPES, Tolerance
 from attnres_export.errors import ExportError
 from attnres_export.exporter.save import save_onnx_atomic
-from attnres_export.exporter.to_onnx import export_module
+from attnres_export.exporter.staging import Stage
+from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
+from attnres_export.models.checkpoint import model_as
 from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.metrics import tolerance_for
-from attnres_export.parity.report import Report, run_checks
+from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
 
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = range(18, 24)
@@ -79,78 +83,119 @@ def validate_options(opts: ExportOptions) -> None:
         )
 
 
+@dataclass
+class References:
+    """The PyTorch side of a parity check, computed before the ONNX side so the model can be released."""
+
+    feeds: dict[tuple[int, ...], dict[str, np.ndarray]]
+    expected: dict[tuple[int, ...], dict[str, np.ndarray]]
+    exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None
+
+
+@dataclass
+class _Job:
+    """What one export traces, how it is stamped and what checks it: the plain graph or the with-past one."""
+
+    ranges: dict[str, DimRange]
+    trace: Callable[[], ir.Model]
+    dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]
+    metadata: dict
+    expected_nodes: int
+    shapes: list[tuple[int, ...]]
+    make_feeds: FeedMaker
+    reference: Callable[[], Runner]
+    precise: Callable[[], Runner] | None
+    report_extra: dict
+
+
 def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
-    """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input."""
+    """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input.
+
+    Memory (docs/benchmarks.md#export-memory): the checkpoint is loaded in its stored types and traced without a
+    copy when it is stored in the export dtype; the traced weights go straight to the staging folder's data file;
+    the PyTorch references run before ONNX Runtime opens the staged file, and the model is released between."""
     validate_options(opts)
-    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
+    out = opts.resolved_output()
+    check_outputs({"-o": out}, {"MODEL": opts.checkpoint})
     status(f"loading {opts.checkpoint}")
-    model, cfg = load_checkpoint(opts.checkpoint)
+    job = _job(*load_checkpoint(opts.checkpoint, dtype=None), opts)
+    with temporary_dir_beside(out) as folder:
+        stage = Stage(folder, out.name)
+        status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset}), weights to disk")
+        graph = stage.write_traced(job.trace())
+        name_dynamic_dims(graph, job.dynamic_dims)
+        graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
+        stage.write_graph(graph)
+        del graph
+        report = None
+        if opts.check:
+            references = _reference_outputs(job, status)
+            shapes, report_extra = job.shapes, job.report_extra
+            del job
+            gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+            report = _check_staged(stage.path, out.name, shapes, references, opts, status)
+            report.extra.update(report_extra)
+        target = out if report is None or report.ok else failed_path(out)
+        status(f"checking and writing {target}")
+        files = stage.publish(target)
+    if report is not None:
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
+    return ExportResult(target, files, fused, fused, report, fused_by_type)
+
+
+def _job(model: torch.nn.Module, cfg, opts: ExportOptions) -> _Job:
     if opts.with_past:
-        return _export_with_past(model, cfg, opts, status)
+        return _with_past_job(model, cfg, opts)
     if opts.past is not None:
         raise ExportError("--past needs --with-past")
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
     if seq.max > cfg.max_seq_len:
         raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
     ranges = {"batch": opts.batch, "seq": seq}
-
-    status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset})")
-    onnx_model = _export(model, ranges, opts)
     inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}
-    onnx_model, fused, fused_by_type, expected = _stamp_and_convert(
-        onnx_model, model, opts, ranges, {"arch": cfg.arch, "inputs": inputs})
+    dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
+               for name, axes in model.input_axes.items()}
+    output_names = list(model.output_names)
 
-    out = opts.resolved_output()
-    report = check_export(model, onnx_model, out, ranges, opts, status) if opts.check else None
-    out, files = publish(onnx_model, out, report, status)
-    if report is not None:
-        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out)})
-    return ExportResult(out, files, fused, expected, report, fused_by_type)
+    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
+
+    return _Job(ranges, lambda: _export(model, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
+                model.fused_node_count(), check_shapes(ranges), feeds,
+                lambda: TorchRunner(model, output_names), lambda: TorchRunner(model, output_names, dtype="float64"),
+                {})
 
 
-def _export_with_past(model: torch.nn.Module, cfg, opts: ExportOptions, status: Callable[[str], None]
-                      ) -> ExportResult:
+def _with_past_job(model: torch.nn.Module, cfg, opts: ExportOptions) -> _Job:
     from attnres_export.exporter.with_past import (
         check_shapes_with_past,
+        dynamic_dims_with_past,
         export_with_past,
         past_feed_maker,
         with_past_ranges,
     )
+    from attnres_export.models.attnres_lm import AttnResLMWithPast, WithPastFeeds
 
     ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
-    status(f"tracing and exporting the with-past graph to ONNX ({opts.dtype}, opset {opts.opset})")
-    onnx_model, reference = export_with_past(model, ranges, opts.dtype, opts.opset, opts.seed)
-    onnx_model, fused, fused_by_type, expected = _stamp_and_convert(
-        onnx_model, model, opts, ranges,
-        {"arch": cfg.arch, "with_past": True, "inputs": reference.input_axes(), "n_layers": cfg.n_layers,
-         "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-         "max_seq_len": cfg.max_seq_len})
-    out = opts.resolved_output()
-    report = None
-    if opts.check:
-        from attnres_export.models.attnres_lm import WithPastFeeds
-
-        output_names = reference.output_names()
-        runner = OnnxRuntimeRunner(onnx_model, artifact=out.name)
-        tol = tolerance_for(opts.dtype, opts.tolerances)
-        report = run_checks(TorchRunner(WithPastFeeds(reference), output_names), [(runner, opts.dtype, tol)],
-                            check_shapes_with_past(ranges), past_feed_maker(reference, opts.dtype, opts.seed),
-                            progress=lambda what: status(f"parity: {what}"))
-    out, files = publish(onnx_model, out, report, status)
-    if report is not None:
-        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(out),
-                             "with_past": True, "shapes": "batch x seq x past"})
-    return ExportResult(out, files, fused, expected, report, fused_by_type)
+    reference = AttnResLMWithPast(model)
+    metadata = {"arch": cfg.arch, "with_past": True, "inputs": reference.input_axes(), "n_layers": cfg.n_layers,
+                "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                "max_seq_len": cfg.max_seq_len}
+    output_names = reference.output_names()
+    return _Job(ranges, lambda: export_with_past(model, ranges, opts.dtype, opts.opset, opts.seed)[0],
+                dynamic_dims_with_past(reference, ranges), metadata, model.fused_node_count(),
+                check_shapes_with_past(ranges), past_feed_maker(reference, opts.dtype, opts.seed),
+                lambda: TorchRunner(WithPastFeeds(reference), output_names), None,
+                {"with_past": True, "shapes": "batch x seq x past"})
 
 
-def _stamp_and_convert(onnx_model: onnx.ModelProto, model: torch.nn.Module, opts: ExportOptions,
+def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportOptions,
                        ranges: dict[str, DimRange], extra_meta: dict
-                       ) -> tuple[onnx.ModelProto, int, dict[str, int], int]:
+                       ) -> tuple[onnx.ModelProto, int, dict[str, int]]:
     """Check the export fused every aggregation the model has, stamp the export metadata, and convert the
-    fused nodes to the target's form: ``(model, fused, fused_by_type, expected)``."""
+    fused nodes to the target's form: ``(model, fused, fused_by_type)``."""
     fused_nodes = attnres_nodes(onnx_model.graph)
     fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
-    expected = model.fused_node_count()
     if fused != expected:
         raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
                           "please report this")
@@ -159,7 +204,35 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, model: torch.nn.Module, opts
     set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
     if fused:
         onnx_model = convert(onnx_model, opts.target)
-    return onnx_model, fused, fused_by_type, expected
+    return onnx_model, fused, fused_by_type
+
+
+def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
+                 status: Callable[[str], None] = lambda _: None) -> Report:
+    """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
+    job = _job(model, model.config, opts)
+    return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
+
+
+def _reference_outputs(job: _Job, status: Callable[[str], None]) -> References:
+    """The PyTorch outputs (float32, and float64 when the job has it) at every check shape, with their feeds."""
+    feeds = {shape: job.make_feeds(shape) for shape in job.shapes}
+    status("parity: PyTorch references")
+    expected = run_reference(job.reference(), job.shapes, feeds.__getitem__)
+    exact = run_reference(job.precise(), job.shapes, feeds.__getitem__) if job.precise is not None else None
+    return References(feeds, expected, exact)
+
+
+def _check_staged(path: Path, artifact: str, shapes: list[tuple[int, ...]], references: References,
+                  opts: ExportOptions, status: Callable[[str], None]) -> Report:
+    """Run the staged ONNX on ONNX Runtime CPU against the PyTorch outputs: against float64 PyTorch at a bar that
+    scales with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars), else
+    against float32 PyTorch."""
+    runner = OnnxRuntimeRunner(path, artifact=artifact)
+    tol = tolerance_for(opts.dtype, opts.tolerances)
+    return run_checks(None, [(runner, opts.dtype, tol)], shapes, references.feeds.__getitem__,
+                      progress=lambda what: status(f"parity: {what}"), expected=references.expected,
+                      exact=references.exact)
 
 
 def failed_path(out: Path) -> Path:
@@ -176,18 +249,15 @@ def publish(model: onnx.ModelProto, out: Path, report: Report | None,
     return target, save_onnx_atomic(model, target)
 
 
-def _export(model: torch.nn.Module, ranges: dict[str, DimRange], opts: ExportOptions) -> onnx.ModelProto:
-    export_copy = copy.deepcopy(model)
-    export_copy.fold_score_weights()
-    export_copy.to(torch_dtype(opts.dtype))
+def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
+            dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions) -> ir.Model:
+    """Trace ``model`` in the export dtype: the model itself when its weights are stored in it (no copy)."""
+    export_model = model_as(model, opts.dtype)
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
-    dynamic = {
-        name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
-        for name, axes in model.input_axes.items()
-    }
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}
-    return export_module(export_copy, example, dynamic, list(model.output_names), opts.opset)
+    with export_model.score_weights_folded():
+        return export_module(export_model, example, dynamic, list(model.output_names), opts.opset)
 
 
 def _trace_size(rng: DimRange) -> int:
@@ -203,25 +273,3 @@ def check_shapes(ranges: dict[str, DimRange]) -> list[tuple[int, int]]:
     batch, seq = ranges["batch"], ranges["seq"]
     shapes = [(batch.opt, seq.opt), (batch.max, seq.min)]
     return list(dict.fromkeys(shapes))
-
-
-def check_export(
-    model: torch.nn.Module,
-    onnx_model: onnx.ModelProto,
-    path: Path,
-    ranges: dict[str, DimRange],
-    opts: ExportOptions,
-    status: Callable[[str], None],
-) -> Report:
-    """Run the written ONNX on ONNX Runtime CPU against a float64 copy of the PyTorch model on the same inputs,
-    at a bar that scales with the float32 PyTorch model's own error (docs/parity.md#pass-bars)."""
-    output_names = list(model.output_names)
-
-    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-        return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
-
-    runner = OnnxRuntimeRunner(onnx_model, artifact=path.name)
-    tol = tolerance_for(opts.dtype, opts.tolerances)
-    return run_checks(TorchRunner(model, output_names), [(runner, opts.dtype, tol)], check_shapes(ranges), feeds,
-                      progress=lambda what: status(f"parity: {what}"),
-                      precise=TorchRunner(model, output_names, dtype="float64"))

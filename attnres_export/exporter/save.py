@@ -9,14 +9,15 @@ import onnx
 
 from attnres_export.atomic import default_file_mode, refuse_non_regular, temporary_dir_beside
 from attnres_export.errors import ExportError
-from attnres_export.graphs.onnx_utils import copy_model, needs_external_data
+from attnres_export.graphs.external_save import save_with_external_data
+from attnres_export.graphs.onnx_utils import needs_external_data
 from attnres_export.graphs.schemas import register_schemas
 
 
 def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
     """Write ``path`` (and ``path.data`` when large) after a full ``onnx.checker`` pass on the written file.
 
-    ``model`` is not modified (saving with external data rewrites tensors in place, so a copy is saved).
+    ``model`` is not modified, nor copied: with external data its weights stream to the data file.
     Everything is written to a temporary folder beside ``path``; the .onnx is renamed into place last, so an
     interrupted run never leaves a partial model, and an invalid model is never put in place.
     """
@@ -29,9 +30,7 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
         external = needs_external_data(model)
         data_name = path.name + ".data"
         if external:
-            detached = copy_model(model)
-            onnx.save_model(detached, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+            save_with_external_data(model, tmp, data_name)
         else:
             onnx.save_model(model, str(tmp))
         try:

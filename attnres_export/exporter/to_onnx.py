@@ -8,6 +8,7 @@ import logging
 import warnings
 
 import onnx
+import onnx_ir as ir
 import onnxscript
 import torch
 from torch import nn
@@ -57,8 +58,9 @@ def export_module(
     dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]],
     output_names: list[str],
     opset: int,
-) -> onnx.ModelProto:
-    """Trace ``module`` with dynamic dims and return the ONNX model (no file is written here)."""
+) -> ir.Model:
+    """Trace ``module`` with dynamic dims and return the ONNX model as onnx_ir holds it: its initializers still
+    share the module's tensors (nothing is written or serialized here; see ``name_dynamic_dims``)."""
     register_schemas()
     dynamic_shapes = {
         name: {axis: torch.export.Dim(dim_name, min=rng.min, max=rng.max) for axis, (dim_name, rng) in axes.items()}
@@ -69,12 +71,10 @@ def export_module(
         dynamic_shapes=dynamic_shapes, input_names=list(example_inputs), output_names=output_names,
         opset_version=opset,
     )
-    model = program.model_proto
-    _name_dynamic_dims(model, dynamic_dims)
-    return model
+    return program.model
 
 
-def _name_dynamic_dims(model: onnx.ModelProto, dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]) -> None:
+def name_dynamic_dims(model: onnx.ModelProto, dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]) -> None:
     """Give the graph inputs' dynamic dims readable names (``batch``, ``seq``) instead of ``s77``."""
     renames: dict[str, str] = {}
     for value in model.graph.input:

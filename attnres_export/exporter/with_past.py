@@ -8,19 +8,20 @@ traced at a past length of at least 2 with ``Dim("past", min=0)`` (docs/exporter
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 import torch
 
+from attnres_export.backends.torch_runner import read_as
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
-from attnres_export.exporter.to_onnx import _name_dynamic_dims, quiet_torch_onnx_export, translation_table
+from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.models.attnres_lm import AttnResLM, AttnResLMWithPast
+from attnres_export.models.checkpoint import model_as
 
 DIM_NAMES = ("batch", "seq", "past", "total")
 
@@ -47,16 +48,14 @@ def _trace(rng: DimRange) -> int:
 
 
 def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int
-                     ) -> tuple[onnx.ModelProto, AttnResLMWithPast]:
-    """Trace the with-past wrapper of a copy of ``model`` (folded, cast to ``dtype``) and return the ONNX model and
-    the float32 wrapper of ``model`` itself (the reference)."""
+                     ) -> tuple[ir.Model, AttnResLMWithPast]:
+    """Trace the with-past wrapper of ``model`` in ``dtype`` (score weights folded; a copy only when the weights are
+    stored in another type) and return the ONNX model and the wrapper of ``model`` itself (the reference)."""
     if not isinstance(model, AttnResLM):
         raise ExportError(f"--with-past: only attnres-lm checkpoints have a KV cache, this is {type(model).__name__}")
     register_schemas()
-    export_copy = copy.deepcopy(model)
-    export_copy.fold_score_weights()
-    export_copy.to(torch_dtype(dtype))
-    wrapper = AttnResLMWithPast(export_copy)
+    export_model = model_as(model, dtype)
+    wrapper = AttnResLMWithPast(export_model)
     cfg = model.config
     b, t, p = (_trace(ranges[name]) for name in ("batch", "seq", "past"))
     p = max(min(p, cfg.max_seq_len - t), ranges["past"].min)
@@ -72,16 +71,20 @@ def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, 
         "position_ids": {0: dims["batch"], 1: dims["seq"]},
         "past": [{0: dims["batch"], 2: dims["past"]} for _ in past],
     }
-    program = quiet_torch_onnx_export(
-        wrapper, (ids, mask, positions, past), custom_translation_table=translation_table(),
-        dynamic_shapes=dynamic_shapes, input_names=wrapper.input_names(), output_names=wrapper.output_names(),
-        opset_version=opset,
-    )
-    onnx_model = program.model_proto
-    axes = wrapper.input_axes()
-    _name_dynamic_dims(onnx_model, {name: {a: (label, ranges[label]) for a, label in enumerate(labels)
-                                           if isinstance(label, str)} for name, labels in axes.items()})
-    return onnx_model, AttnResLMWithPast(model)
+    with export_model.score_weights_folded():
+        program = quiet_torch_onnx_export(
+            wrapper, (ids, mask, positions, past), custom_translation_table=translation_table(),
+            dynamic_shapes=dynamic_shapes, input_names=wrapper.input_names(), output_names=wrapper.output_names(),
+            opset_version=opset,
+        )
+    return program.model, AttnResLMWithPast(model)
+
+
+def dynamic_dims_with_past(reference: AttnResLMWithPast, ranges: dict[str, DimRange]
+                           ) -> dict[str, dict[int, tuple[str, DimRange]]]:
+    """Per graph input, its dynamic axes and their names (for ``name_dynamic_dims``)."""
+    return {name: {a: (label, ranges[label]) for a, label in enumerate(labels) if isinstance(label, str)}
+            for name, labels in reference.input_axes().items()}
 
 
 def _dim(name: str, rng: DimRange):
@@ -113,7 +116,7 @@ def past_feed_maker(reference: AttnResLMWithPast, dtype: str, seed: int
         ids = rng.integers(0, cfg.vocab_size, size=(b, p + t), dtype=np.int64)
         past = reference.empty_past(b)
         if p:
-            with torch.inference_mode():
+            with torch.inference_mode(), read_as(reference, torch.float32):
                 out = reference(torch.from_numpy(ids[:, :p]), torch.ones(b, p, dtype=torch.int64),
                                 torch.arange(p)[None].expand(b, p), past)
             past = list(out[1:])

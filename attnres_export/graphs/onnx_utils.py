@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import onnx
+from onnx import helper as oh
 
 from attnres_export.errors import GraphError
 from attnres_export.ops.opset import DOMAIN
@@ -15,7 +16,12 @@ EXTERNAL_DATA_MARGIN = 64 << 20
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
     """Is ``model`` too close to protobuf's 2 GB limit to be serialized in one piece?"""
-    return model.ByteSize() > PROTOBUF_LIMIT - EXTERNAL_DATA_MARGIN
+    return not fits_in_one_file(model.ByteSize())
+
+
+def fits_in_one_file(size: int) -> bool:
+    """Can a model of ``size`` bytes, weights included, be one protobuf file?"""
+    return size <= PROTOBUF_LIMIT - EXTERNAL_DATA_MARGIN
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -23,6 +29,46 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+WEIGHT_BYTES = 1 << 16
+"""An initializer above this size is a weight: no shape computation reads its values."""
+
+
+def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers above ``WEIGHT_BYTES`` are graph inputs of the same type and shape:
+    what shape and type inference need, at the cost of the graph rather than of the weights."""
+    def as_input(init: onnx.TensorProto, graph: onnx.GraphProto) -> None:
+        graph.input.append(oh.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+
+    return copy_without_weights(model, WEIGHT_BYTES, as_input)
+
+
+def copy_without_weights(model: onnx.ModelProto, limit: int,
+                         replace: Callable[[onnx.TensorProto, onnx.GraphProto], None]) -> onnx.ModelProto:
+    """A copy of ``model`` in which ``replace(init, graph)`` stands in for each main-graph initializer over
+    ``limit`` bytes; the others are copied. The weights themselves are never copied."""
+    out = onnx.ModelProto()
+    _copy_fields(model, out, skip={"graph"})
+    _copy_fields(model.graph, out.graph, skip={"initializer"})
+    for init in model.graph.initializer:
+        if init.ByteSize() <= limit or init.data_location == onnx.TensorProto.EXTERNAL:
+            out.graph.initializer.add().CopyFrom(init)
+        else:
+            replace(init, out.graph)
+    return out
+
+
+def _copy_fields(source, target, skip: set[str]) -> None:
+    for field, value in source.ListFields():
+        if field.name in skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
 
 
 def default_opset(model: onnx.ModelProto) -> int:

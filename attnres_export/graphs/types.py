@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import copy_model
+from attnres_export.graphs.onnx_utils import weightless_copy
 from attnres_export.ops.descriptors import Shape, descriptor_of, is_attnres
 
 
@@ -23,7 +23,7 @@ def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
 
     Call only on a model whose attnres nodes passed ``node_problems`` (the proxy reads their inputs).
     """
-    proxy = copy_model(model)
+    proxy = weightless_copy(model)
     nodes = []
     for node in proxy.graph.node:
         nodes.extend(_proxy(node) if is_attnres(node) else [node])

@@ -63,23 +63,28 @@ def run_reference(reference: Runner, shapes: Sequence[tuple[int, ...]], make_fee
 
 
 def run_checks(
-    reference: Runner,
+    reference: Runner | None,
     runners: Sequence[tuple[Runner, str, Tolerance]],
     shapes: Sequence[tuple[int, ...]],
     make_feeds: FeedMaker,
     progress: Callable[[str], None] | None = None,
     expected: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
     precise: Runner | None = None,
+    exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
 ) -> Report:
     """Run ``reference`` (unless its ``expected`` outputs are given) and every (runner, dtype, tolerance) on the
     same feeds for each shape.
 
-    With ``precise`` (the model in float64), every output is compared with the float64 outputs, at a bar that
-    scales with the float32 reference's own error there (``scaled_tolerance``); both errors are reported."""
+    With ``precise`` (the model in float64) or its ``exact`` outputs, every output is compared with the float64
+    outputs, at a bar that scales with the float32 reference's own error there (``scaled_tolerance``); both errors
+    are reported."""
     report = Report()
     if expected is None:
+        if reference is None:
+            raise ValueError("run_checks needs a reference runner or its expected outputs")
         expected = run_reference(reference, shapes, make_feeds)
-    exact = run_reference(precise, shapes, make_feeds) if precise is not None else None
+    if exact is None and precise is not None:
+        exact = run_reference(precise, shapes, make_feeds)
     for runner, dtype, tol in runners:
         with runner:
             for shape in shapes:

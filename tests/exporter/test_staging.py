@@ -1,0 +1,125 @@
+"""The export's weights go to disk once and come back only where a file needs them: the external-data writer,
+the staged publish (inline and external) and ONNX Runtime on a staged file all keep every value exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+from attnres_export.backends import onnxruntime_runner
+from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.exporter.staging import Stage
+from attnres_export.graphs import onnx_utils
+from attnres_export.graphs.external_save import save_with_external_data
+from attnres_export.graphs.types import value_infos
+
+SHAPES = {"w1": (300, 70), "w2": (70, 1000), "b2": (1000,), "one": (1,)}
+
+
+def mlp(dtype=np.float32, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """x [B, 300] -> MatMul w1 -> Relu -> MatMul w2 + b2 -> * one: weights over and under every threshold here."""
+    rng = np.random.default_rng(seed)
+    weights = {name: rng.standard_normal(shape).astype(dtype) for name, shape in SHAPES.items()}
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [oh.make_node("MatMul", ["x", "w1"], ["h"]), oh.make_node("Relu", ["h"], ["r"]),
+             oh.make_node("MatMul", ["r", "w2"], ["m"]), oh.make_node("Add", ["m", "b2"], ["a"]),
+             oh.make_node("Mul", ["a", "one"], ["y"])]
+    graph = oh.make_graph(nodes, "mlp", [oh.make_tensor_value_info("x", elem, ["batch", 300])],
+                          [oh.make_tensor_value_info("y", elem, ["batch", 1000])],
+                          [nh.from_array(value, name) for name, value in weights.items()])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), weights
+
+
+def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: nh.to_array(init) for init in model.graph.initializer}
+
+
+def test_external_data_writer_leaves_the_model_untouched_and_round_trips_every_weight_page_aligned(tmp_path):
+    model, weights = mlp(np.float16)
+    before = model.SerializeToString()
+    save_with_external_data(model, tmp_path / "m.onnx", "m.onnx.data")
+    assert model.SerializeToString() == before
+    stubs = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph.initializer
+    offsets = [int(e.value) for s in stubs for e in s.external_data if e.key == "offset"]
+    assert len(offsets) == 3 and all(o % 4096 == 0 for o in offsets)
+    loaded = initializers(onnx.load(str(tmp_path / "m.onnx")))
+    for name, value in weights.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
+def test_value_infos_of_a_weightless_copy_equal_those_of_the_whole_model():
+    model, _ = mlp()
+    assert onnx_utils.weightless_copy(model).ByteSize() < model.ByteSize() / 50
+    infos = value_infos(model)
+    assert infos["y"].elem_type == onnx.TensorProto.FLOAT and infos["w2"].shape == (70, 1000)
+    assert infos["h"].shape == (None, 70)
+
+
+@pytest.fixture
+def staged(tmp_path):
+    """A staged model (as ``attnres-export`` writes it) and its weights."""
+    model, weights = mlp(np.float16, seed=3)
+    stage = Stage(tmp_path / "stage", "out.onnx")
+    stage.path.parent.mkdir()
+    graph = stage.write_traced(ir.from_proto(model))
+    assert all(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.graph.initializer
+               if init.name != "one")
+    return stage, weights
+
+
+def test_a_small_staged_model_is_published_as_one_file_with_every_weight_inline(staged, tmp_path):
+    stage, weights = staged
+    target = tmp_path / "published.onnx"
+    assert stage.publish(target) == [target]
+    assert not (tmp_path / "published.onnx.data").exists()
+    model = onnx.load(str(target), load_external_data=False)
+    assert all(init.data_location == onnx.TensorProto.DEFAULT for init in model.graph.initializer)
+    onnx.checker.check_model(model, full_check=True)
+    loaded = initializers(model)
+    assert sorted(loaded) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
+def test_a_staged_model_over_the_limit_is_published_with_its_data_file_renamed_to_match(staged, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setattr(onnx_utils, "PROTOBUF_LIMIT", 10_000)
+    monkeypatch.setattr(onnx_utils, "EXTERNAL_DATA_MARGIN", 0)
+    stage, weights = staged
+    target = tmp_path / "big.onnx"
+    assert stage.publish(target) == [target, tmp_path / "big.onnx.data"]
+    assert list(stage.path.parent.iterdir()) == []
+    locations = {e.value for init in onnx.load(str(target), load_external_data=False).graph.initializer
+                 for e in init.external_data if e.key == "location"}
+    assert locations == {"big.onnx.data"}
+    loaded = initializers(onnx.load(str(target)))
+    for name, value in weights.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
+def _reference_mlp(x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
+    """The float16 MLP in NumPy, rounding to float16 after each op as the graph stores it."""
+    h = np.maximum(x.astype(np.float32) @ weights["w1"].astype(np.float32), 0).astype(np.float16)
+    m = (h.astype(np.float32) @ weights["w2"].astype(np.float32)).astype(np.float16)
+    return ((m + weights["b2"]) * weights["one"]).astype(np.float32)
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_onnx_runtime_runs_a_staged_file_from_its_weightless_graph_and_leaves_no_scratch_file(staged, monkeypatch,
+                                                                                             writable):
+    stage, weights = staged
+    if not writable:
+        def read_only(*_args, **_kw):
+            raise PermissionError("read-only folder")
+        monkeypatch.setattr(onnxruntime_runner, "scratch_file_beside", read_only)
+    runner = OnnxRuntimeRunner(stage.path)
+    assert runner._model.ByteSize() < 10_000
+    x = np.random.default_rng(1).standard_normal((2, 300)).astype(np.float16)
+    with runner:
+        got = runner.infer({"x": x})["y"]
+    np.testing.assert_allclose(got.astype(np.float32), _reference_mlp(x, weights), rtol=2e-2, atol=5e-2)
+    assert sorted(p.name for p in stage.path.parent.iterdir()) == ["out.onnx", "out.onnx.data"]

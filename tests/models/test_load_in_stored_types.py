@@ -1,0 +1,98 @@
+"""A checkpoint loads without a second copy of its weights: in its stored types when asked, cast only where a
+caller needs another type, and the references read such a model in float32 or float64 without copying it."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnres_export.backends.torch_runner import TorchRunner, read_as
+from attnres_export.models import ModelConfig, load_checkpoint, save_checkpoint
+from attnres_export.models.checkpoint import model_as
+from attnres_export.models.example import make_example
+from tests.conftest import SMALL
+
+KEPT_FLOAT32 = (".query", "_res.norm.weight")
+"""Aggregation tensors: never held below float32 (``KeepFloat32``)."""
+
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16"])
+def half_checkpoint(request, tmp_path_factory):
+    """A Block AttnRes checkpoint whose every tensor is stored in a half type."""
+    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    model = make_example(cfg, seed=5).to(getattr(torch, request.param))
+    for tensor in model.state_dict().values():
+        tensor.data = tensor.data.to(getattr(torch, request.param))
+    path = tmp_path_factory.mktemp("half") / f"{request.param}.pt"
+    save_checkpoint(model, cfg, path)
+    return path, getattr(torch, request.param)
+
+
+def test_a_half_checkpoint_loads_in_its_stored_type_with_aggregation_tensors_widened_to_float32(half_checkpoint):
+    path, stored = half_checkpoint
+    model, _ = load_checkpoint(path, dtype=None)
+    state = model.state_dict()
+    for name, tensor in state.items():
+        assert tensor.dtype == (torch.float32 if name.endswith(KEPT_FLOAT32) else stored), name
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    default, _ = load_checkpoint(path)
+    assert {t.dtype for t in default.state_dict().values()} == {torch.float32}
+    for name, tensor in state.items():
+        assert torch.equal(tensor.float(), default.state_dict()[name])
+
+
+def test_model_as_its_own_type_is_the_model_and_another_type_shares_what_it_can(half_checkpoint):
+    path, stored = half_checkpoint
+    model, _ = load_checkpoint(path, dtype=None)
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[stored]
+    assert model_as(model, name) is model
+    as_float32 = model_as(model, "float32")
+    assert as_float32 is not model
+    mine, theirs = model.state_dict(), as_float32.state_dict()
+    for key, tensor in theirs.items():
+        assert tensor.dtype == torch.float32
+        if key.endswith(KEPT_FLOAT32):
+            assert tensor.data_ptr() == mine[key].data_ptr(), key
+
+
+@pytest.mark.parametrize("compute", ["float32", "float64"])
+def test_torch_runner_reads_a_half_model_in_the_compute_type_exactly_as_a_cast_copy_would(half_checkpoint, compute):
+    path, _ = half_checkpoint
+    model, _ = load_checkpoint(path, dtype=None)
+    before = {name: (id(t), t.dtype) for name, t in model.named_parameters()}
+    feeds = model.random_inputs(2, 7, np.random.default_rng(0))
+    got = TorchRunner(model, list(model.output_names), dtype=compute).infer(feeds)
+    copied = copy.deepcopy(model).to(getattr(torch, compute))
+    want = TorchRunner(copied, list(model.output_names), dtype=compute).infer(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert got["logits"].dtype == np.dtype(compute)
+    assert {name: (id(t), t.dtype) for name, t in model.named_parameters()} == before
+
+
+def test_read_as_restores_the_module_when_the_forward_fails():
+    layer = torch.nn.Linear(3, 2).half()
+    weight = layer.weight
+    with pytest.raises(RuntimeError, match="boom"), read_as(layer, torch.float64):
+        assert layer.weight.dtype == torch.float64
+        raise RuntimeError("boom")
+    assert layer.weight is weight and type(layer) is torch.nn.Linear
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process's mappings from /proc")
+def test_a_float32_checkpoint_loads_memory_mapped_and_used_in_place(tmp_path):
+    cfg = ModelConfig(**SMALL, n_layers=1)
+    save_checkpoint(make_example(cfg, seed=1), cfg, tmp_path / "m.pt")
+    model, _ = load_checkpoint(tmp_path / "m.pt", dtype=None)
+    mapped = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(tmp_path / "m.pt")):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            mapped.append(range(start, end))
+    pointer = model.embed.weight.data_ptr()
+    assert any(pointer in span for span in mapped), "the weights were copied out of the file"
