@@ -23,7 +23,8 @@ def fuse(
     seed: Seed = 0,
     strict: Strict = False,
 ) -> None:
-    """Replace every verified depth aggregation of MODEL by one AttnResAggregate node, then check parity."""
+    """Replace every verified depth aggregation of MODEL by one AttnResAggregate node and every verified attention
+    layer with residual scores (RealFormer) by one ResidualScoreAttention node, then check parity."""
     from attnres_export.atomic import write_text_atomic
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
     from attnres_export.exporter.export import publish
@@ -50,4 +51,5 @@ def fuse(
     if not parity.ok:
         fail(f"the fused model does not match the original (see the table); it was kept as {written} for "
              f"inspection, and {output} was not written")
-    console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}): {fusion.fused} AttnResAggregate nodes")
+    residual = f", {fusion.fused_residual} ResidualScoreAttention nodes" if fusion.fused_residual else ""
+    console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}): {fusion.fused} AttnResAggregate nodes{residual}")

@@ -32,7 +32,7 @@ from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.graphs.targets import convert
-from attnres_export.ops.opset import AGGREGATE
+from attnres_export.ops.opset import AGGREGATE, RESIDUAL_ATTENTION
 from attnres_export.parity.fusion_checks import fuse_with_shape_hint, refuse_crashing, whole_model_parity
 
 PICKLE_RISK = (
@@ -109,9 +109,12 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     fusion = fuse_with_shape_hint(original, feeds, opts.seed)
     refuse_unfused(fusion, strict)
     model = fusion.model
+    fused_by_type = {op: count for op, count in ((AGGREGATE, fusion.fused),
+                                                 (RESIDUAL_ATTENTION, fusion.fused_residual)) if count}
+    fused = sum(fused_by_type.values())
     set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": opts.dtype,
                                                  "target": opts.target, "source": source.kind,
-                                                 "fused": fusion.fused}))
+                                                 "fused": fused}))
     if opts.target != "tensorrt":
         model = convert(model, opts.target)
     report = None
@@ -122,10 +125,9 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
                                     dtype=opts.dtype)
     out, files = publish(model, opts.resolved_output(), report, status)
     if report is not None:
-        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fusion.fused,
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused,
                              "onnx": str(out), "reference": source.reference, "fusion": fusion.to_dict()})
-    return ForeignExportResult(out, files, fusion.fused, fusion.fused, report,
-                               {AGGREGATE: fusion.fused} if fusion.fused else {}, fusion=fusion)
+    return ForeignExportResult(out, files, fused, fused, report, fused_by_type, fusion=fusion)
 
 
 @dataclass
@@ -147,7 +149,8 @@ def refuse_unfused(fusion: FusionResult, strict: bool) -> None:
     """With ``--strict``, a depth aggregation left as standard ops is an error (nothing is written)."""
     left = fusion.unfused_depth
     if strict and left:
-        raise ExportError(f"--strict: {len(left)} depth aggregation(s) were not fused (first: {left[0].site}: "
+        raise ExportError(f"--strict: {len(left)} depth aggregation(s) were not fused, or only in part (first: "
+                          f"{left[0].site}: "
                           f"{left[0].reason}); drop --strict to write the model with them as standard ops")
 
 

@@ -183,10 +183,143 @@ class HandSoftmaxLM(StackEinsumLM):
         return torch.einsum("nbt,nbtd->btd", weights, values)
 
 
+class TwoPhaseLseLM(ForeignLM):
+    """(g) Block AttnRes (S = 2) in two phases (docs/models.md#two-phase-inference): per block, phase 1 gives each
+    query of the block the softmax mix ``o`` of the completed blocks and its ``logsumexp``; phase 2 merges the
+    partial sum through ``m = max(lse, s2)`` and ``exp(. - m)`` weights."""
+
+    block = 2
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(self.n_sub + 1, self.dim))
+        self.eps = 1e-6
+
+    def logits(self, values: torch.Tensor, i: int) -> torch.Tensor:
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        return keys @ self.query[i]
+
+    def phase1(self, blocks: list[torch.Tensor], i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stacked = torch.stack(blocks)
+        logits = self.logits(stacked, i)
+        return torch.einsum("nbt,nbtd->btd", logits.softmax(0), stacked), torch.logsumexp(logits, 0)
+
+    def merge(self, mixed: tuple[torch.Tensor, torch.Tensor], partial: torch.Tensor, i: int) -> torch.Tensor:
+        o, lse = mixed
+        s2 = self.logits(partial, i)
+        m = torch.maximum(lse, s2)
+        w1, w2 = torch.exp(lse - m).unsqueeze(-1), torch.exp(s2 - m).unsqueeze(-1)
+        return (w1 * o + w2 * partial) / (w1 + w2)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        blocks = [self.embed(input_ids)]
+        for start in range(0, self.n_sub, self.block):
+            layers = range(start, min(start + self.block, self.n_sub))
+            mixed = [self.phase1(blocks, j) for j in layers]
+            partial = None
+            for j, phase1 in zip(layers, mixed, strict=True):
+                h = phase1[0] if partial is None else self.merge(phase1, partial, j)
+                out = self.sublayers[j](h)
+                partial = out if partial is None else partial + out
+            blocks.append(partial)
+        return self.head(self.phase1(blocks, self.n_sub)[0])
+
+
+class TwoPhaseSigmoidLM(TwoPhaseLseLM):
+    """(h) Like (g), with the merge of attnres_export/ops/two_phase.py: ``o + sigmoid(s2 - lse) * (p - o)``."""
+
+    def merge(self, mixed: tuple[torch.Tensor, torch.Tensor], partial: torch.Tensor, i: int) -> torch.Tensor:
+        o, lse = mixed
+        gate = torch.sigmoid(self.logits(partial, i) - lse).unsqueeze(-1)
+        return o + gate * (partial - o)
+
+
+class TwoPhaseRunningLM(TwoPhaseLseLM):
+    """(i) Like (g), with phase 1 written by hand as an online softmax: running max ``m``, sum ``l`` and the
+    normalized mix, merged with the partial as ``(exp(m1-m)*l1*o1 + exp(s2-m)*p) / (exp(m1-m)*l1 + exp(s2-m))``."""
+
+    def phase1(self, blocks: list[torch.Tensor], i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        stacked = torch.stack(blocks)
+        logits = self.logits(stacked, i)
+        m1 = logits.amax(0)
+        e = torch.exp(logits - m1)
+        l1 = e.sum(0)
+        return (e.unsqueeze(-1) * stacked).sum(0) / l1.unsqueeze(-1), m1, l1
+
+    def merge(self, mixed: tuple[torch.Tensor, ...], partial: torch.Tensor, i: int) -> torch.Tensor:
+        o1, m1, l1 = mixed
+        s2 = self.logits(partial, i)
+        m = torch.maximum(m1, s2)
+        a, b = (torch.exp(m1 - m) * l1).unsqueeze(-1), torch.exp(s2 - m).unsqueeze(-1)
+        return (a * o1 + b * partial) / (a + b)
+
+
+class ZerosPartialLM(StackEinsumLM):
+    """(j) Block AttnRes (S = 2) that starts every block with ``partial = torch.zeros_like(x)`` and always
+    aggregates ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
+
+    block = 2
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        blocks, partial = [emb], torch.zeros_like(emb)
+        for j, layer in enumerate(self.sublayers):
+            partial = partial + layer(self.aggregate([*blocks, partial], j))
+            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
+                blocks.append(partial)
+                partial = torch.zeros_like(emb)
+        return self.head(self.aggregate(blocks, self.n_sub))
+
+
+class OnesPartialLM(ZerosPartialLM):
+    """(j) with ``torch.ones_like`` instead: a constant source that is not zero, which fusion does not take."""
+
+    aggregations = 3
+    """The two sites with the constant source (the first sublayer of each block) stay unfused."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        blocks, partial = [emb], torch.ones_like(emb)
+        for j, layer in enumerate(self.sublayers):
+            partial = partial + layer(self.aggregate([*blocks, partial], j))
+            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
+                blocks.append(partial)
+                partial = torch.ones_like(emb)
+        return self.head(self.aggregate(blocks, self.n_sub))
+
+
+class ZerosPartialScoredLM(TorchRMSNormLM):
+    """(k) Like (d), but every block starts with ``partial = torch.zeros_like(x)``, which is always a source:
+    a static export folds the zero source and its score (RMSNorm of zeros, dot with the query) to constants."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        blocks, partial = [emb], torch.zeros_like(emb)
+        for j, layer in enumerate(self.sublayers):
+            partial = partial + layer(self.aggregate([*blocks, partial], j))
+            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
+                blocks.append(partial)
+                partial = torch.zeros_like(emb)
+        return self.head(self.aggregate(blocks, self.n_sub))
+
+
 class _NegativeLM(StackEinsumLM):
     """Like (a), but each aggregation is changed so that it is not AttnRes; nothing may be fused."""
 
     aggregations = 0
+
+
+class TwoPhaseUnscaledMergeLM(TwoPhaseRunningLM):
+    """(i) with a common bug: the merge drops the phase-1 sum ``l1`` (``exp(m1 - m)`` alone weighs ``o1``). Exact
+    only over one completed block (``l1 = 1``); over more, the merge is no AttnRes aggregation."""
+
+    def merge(self, mixed: tuple[torch.Tensor, ...], partial: torch.Tensor, i: int) -> torch.Tensor:
+        o1, m1, _ = mixed
+        s2 = self.logits(partial, i)
+        m = torch.maximum(m1, s2)
+        a, b = torch.exp(m1 - m).unsqueeze(-1), torch.exp(s2 - m).unsqueeze(-1)
+        return (a * o1 + b * partial) / (a + b)
 
 
 class SoftmaxOverTokensLM(_NegativeLM):
@@ -227,7 +360,10 @@ class NoNormLM(_NegativeLM):
 
 POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token-major": TokenMajorLM,
             "torch-rmsnorm": TorchRMSNormLM, "repeated-source": RepeatedSourceLM,
-            "hand-softmax": HandSoftmaxLM}
+            "hand-softmax": HandSoftmaxLM, "two-phase-lse": TwoPhaseLseLM, "two-phase-sigmoid": TwoPhaseSigmoidLM,
+            "two-phase-running": TwoPhaseRunningLM}
+STATIC = {"zeros-partial-stack": ZerosPartialLM, "zeros-partial-scored": ZerosPartialScoredLM}
+"""Models whose zero partial sources fold to constants when exported with static shapes."""
 NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}
 
 

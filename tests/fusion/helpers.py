@@ -31,19 +31,21 @@ def save_program(model: torch.nn.Module, path: Path) -> Path:
     return path
 
 
-def plain_onnx(cls: type[torch.nn.Module], opset: int) -> onnx.ModelProto:
-    """``torch.onnx.export(dynamo=True)`` of ``cls()`` as a user would call it, without attnres (cached)."""
+def plain_onnx(cls: type[torch.nn.Module], opset: int, static: bool = False) -> onnx.ModelProto:
+    """``torch.onnx.export(dynamo=True)`` of ``cls()`` as a user would call it, without attnres (cached);
+    ``static`` exports at the example shape only (no dynamic dims), so shape-only values fold to constants."""
     copy = onnx.ModelProto()
-    copy.CopyFrom(_plain_onnx(cls, opset))
+    copy.CopyFrom(_plain_onnx(cls, opset, static))
     return copy
 
 
 @functools.cache
-def _plain_onnx(cls: type[torch.nn.Module], opset: int) -> onnx.ModelProto:
+def _plain_onnx(cls: type[torch.nn.Module], opset: int, static: bool) -> onnx.ModelProto:
     model = cls().eval()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, (example_ids(),), dynamo=True, dynamic_shapes=dynamic_shapes(),
+        program = torch.onnx.export(model, (example_ids(),), dynamo=True,
+                                    dynamic_shapes=None if static else dynamic_shapes(),
                                     input_names=["input_ids"], output_names=["logits"], opset_version=opset)
     return program.model_proto
 

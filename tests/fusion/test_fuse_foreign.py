@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 
 from tests.conftest import slow_after
-from tests.fusion.foreign_models import NEGATIVE, POSITIVE, StackEinsumLM
+from tests.fusion.foreign_models import (
+    NEGATIVE,
+    POSITIVE,
+    STATIC,
+    OnesPartialLM,
+    StackEinsumLM,
+    TwoPhaseUnscaledMergeLM,
+)
 from tests.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx
 
 
@@ -92,9 +100,9 @@ def test_unfused_depth_aggregations_warn_and_fail_with_strict(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
     assert result.exit_code == 0, result.output
-    assert "5 depth aggregation(s) were not fused" in result.output
+    assert "5 depth aggregation(s) were not fused, or only in part" in result.output
     strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
-    assert strict.exit_code == 1 and "--strict: 5 depth aggregation(s) were not fused" in strict.output
+    assert strict.exit_code == 1 and "--strict: 5 depth aggregation(s) were not fused, or only in part" in strict.output
     assert not (tmp_path / "b.onnx").exists()
 
 
@@ -135,3 +143,72 @@ def test_an_eps_of_zero_fuses_through_the_graphs_constants_when_probing_saturate
     assert [s.reason for s in result.sites if not s.fused] == []
     assert {s.eps for s in result.sites} == {0.0} and parity.ok
     assert matches_torch(result.model, model)
+
+
+def _score_weight_rows(result_model: onnx.ModelProto, expected: np.ndarray) -> list[int]:
+    """For each fused node (graph order), the row of ``expected`` its score weight equals."""
+    inits = {i.name: numpy_helper.to_array(i) for i in result_model.graph.initializer}
+    return [next((i for i, row in enumerate(expected)
+                  if np.allclose(inits[node.input[0]], row, rtol=1e-4, atol=1e-5)), -1)
+            for node in result_model.graph.node if node.domain == "attnres"]
+
+
+TWO_PHASE = ["two-phase-lse", "two-phase-running", "two-phase-sigmoid"]
+
+
+@pytest.mark.parametrize(("style", "opset"), slow_after([(s, o) for s in TWO_PHASE for o in (18, 23)], fast=2))
+def test_two_phase_merges_fuse_into_one_node_over_the_blocks_and_the_partial(style, opset):
+    """Phase 1 over the completed blocks and the online-softmax merge with the partial sum become one
+    AttnResAggregate over [blocks..., partial]: 1, 2 (merged), 2, 3 (merged) and 3 sources."""
+    model = POSITIVE[style]().eval()
+    result, parity = fuse(plain_onnx(POSITIVE[style], opset=opset))
+    assert [s.reason for s in result.sites] == [""] * model.aggregations
+    nodes = [n for n in result.model.graph.node if n.domain == "attnres"]
+    assert [len(n.input) - 1 for n in nodes] == [1, 2, 2, 3, 3]
+    assert not {n.op_type for n in result.model.graph.node} & {"Softmax", "Exp", "ReduceLogSumExp", "Max",
+                                                               "Sigmoid", "ReduceMax", "Einsum"}
+    assert _score_weight_rows(result.model, (model.gain * model.query).detach().numpy()) == [0, 1, 2, 3, 4]
+    assert parity.ok and matches_torch(result.model, model)
+
+
+@pytest.mark.slow
+def test_a_merge_that_is_not_attnres_keeps_phase_1_fused_alone_and_the_report_says_why():
+    """TwoPhaseUnscaledMergeLM's merge is exact over one block (sublayer 1) and wrong over two (sublayer 3)."""
+    model = TwoPhaseUnscaledMergeLM().eval()
+    result, parity = fuse(plain_onnx(TwoPhaseUnscaledMergeLM, opset=18))
+    assert [s.sources for s in result.sites] == [1, 2, 2, 2, 3] and all(s.fused for s in result.sites)
+    partial = [s.reason for s in result.sites if s.reason]
+    assert len(partial) == 1 and partial[0].startswith("phase 1 only: its merge with ")
+    assert "differs from AttnResAggregate" in partial[0]
+    assert [s.reason for s in result.unfused_depth] == partial
+    assert "Max" in {n.op_type for n in result.model.graph.node}
+    assert parity.ok and matches_torch(result.model, model)
+
+
+@pytest.mark.parametrize(("style", "opset"), slow_after([(s, o) for s in sorted(STATIC) for o in (18, 23)], fast=2))
+def test_static_exports_fuse_zero_partial_sources_that_folded_to_constants(style, opset):
+    """With static shapes, the zeros_like partial of each block's first sublayer is an initializer (stacked, or
+    a source whose score folded to a constant); the fused node takes it as a source, so the zero still weighs in
+    the softmax with logit 0."""
+    model = STATIC[style]().eval()
+    original = plain_onnx(STATIC[style], opset=opset, static=True)
+    result, parity = fuse(original)
+    assert [s.reason for s in result.sites] == [""] * model.aggregations
+    inits = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}
+    nodes = [n for n in result.model.graph.node if n.domain == "attnres"]
+    assert [len(n.input) - 1 for n in nodes] == [2, 2, 3, 3, 3]
+    zero_sources = [n.input[-1] for n in nodes if n.input[-1] in inits]
+    assert len(zero_sources) == 2 and not any(inits[z].any() for z in zero_sources)
+    gains = model.gain if style == "zeros-partial-stack" else torch.stack([norm.weight for norm in model.norms])
+    assert _score_weight_rows(result.model, (gains * model.query).detach().numpy()) == [0, 1, 2, 3, 4]
+    assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)
+
+
+@pytest.mark.slow
+def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
+    model = OnesPartialLM().eval()
+    result, parity = fuse(plain_onnx(OnesPartialLM, opset=18, static=True))
+    assert fused_count(result.model) == result.fused == model.aggregations
+    unfused = result.unfused_depth
+    assert len(unfused) == 2 and all("is a constant that is not zero" in s.reason for s in unfused)
+    assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)

@@ -15,6 +15,8 @@ import onnx
 from attnres_export.graphs.fusion.graph import GraphIndex
 
 DEPTH, ATTENTION, OTHER = "depth aggregation", "attention", "other softmax"
+RESIDUAL = "residual-score attention"
+"""Attention whose logits add the previous layer's scores (RealFormer): residual_scores.py, not this module."""
 PRODUCTS = {"MatMul", "Einsum", "Gemm"}
 PASS_THROUGH = {"Cast", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Div", "Mul", "Add", "Sub",
                 "Where", "Expand", "Neg"}

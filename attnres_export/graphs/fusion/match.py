@@ -6,13 +6,16 @@ site computes AttnRes, and with which score weight and eps, is decided numerical
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import ChainMap
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
+from attnres_export.graphs.fusion.constants import GraphConstants
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
+from attnres_export.graphs.fusion.handwritten import exp_sum_divisor
 from attnres_export.graphs.fusion.resolve import resolve_slot, strip_casts
 from attnres_export.ops.onnx_nodes import attribute
 
@@ -30,10 +33,14 @@ class SiteMatch:
     softmax: onnx.NodeProto
     sources: list[str]
     output: str
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    """Sources that are slots of a stacked constant, by the new names they get (constants.py)."""
 
 
 def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> SiteMatch:
     """The sources and output of the aggregation around ``softmax``; raises Rejected with the reason."""
+    slots: dict[str, np.ndarray] = {}
+    values = ChainMap(slots, values, GraphConstants(index))
     weights = values.get(softmax.output[0])
     if weights is None:
         raise Rejected("the softmax was not computed in the reference run")
@@ -43,7 +50,7 @@ def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.
         raise Rejected("the softmax result is not used as weights of a product (Mul, MatMul or Einsum)")
     if len(combines) == 1:
         try:
-            sources = _stacked_sources(index, combines[0], n, values)
+            sources = _stacked_sources(index, combines[0], n, values, slots)
         except Rejected:
             if n != 1:
                 raise
@@ -56,14 +63,16 @@ def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.
     if len(shapes) != 1 or len({values[s].dtype for s in sources}) != 1:
         raise Rejected("the sources differ in shape or type")
     output = _weighted_sum(index, [node for node, _ in combines], next(iter(shapes)), values)
+    output = _through_deferred_division(index, output, softmax.output[0])
     output = _through_cast_back(index, output, values[sources[0]].dtype, values)
-    return SiteMatch(softmax, list(sources), output)
+    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots})
 
 
-def _stacked_sources(index: GraphIndex, combine: tuple[onnx.NodeProto, str], n: int, values: dict) -> list[str]:
+def _stacked_sources(index: GraphIndex, combine: tuple[onnx.NodeProto, str], n: int, values: ChainMap,
+                     slots: dict[str, np.ndarray]) -> list[str]:
     node, operand = combine
     axis = _stack_axis(index, node, operand, n, values)
-    sources = [resolve_slot(index, values, operand, axis, k) for k in range(n)]
+    sources = [resolve_slot(index, values, operand, axis, k, slots) for k in range(n)]
     if any(s is None for s in sources):
         raise Rejected("the weighted tensor could not be traced to separate source tensors (not a stack)")
     return sources
@@ -143,6 +152,17 @@ def _weighted_sum(index: GraphIndex, combines: list[onnx.NodeProto], shape: tupl
             if mask == full and name in values and values[name].shape == shape:
                 return name
     raise Rejected("no weighted sum of the sources' shape follows the products")
+
+
+def _through_deferred_division(index: GraphIndex, name: str, weights: str) -> str:
+    """The quotient when ``name`` is divided by the sum of the (unnormalized) ``weights``: an online softmax
+    normalizes after the weighted sum (handwritten.py)."""
+    consumer = _single_consumer(index, name)
+    if consumer is not None and consumer.op_type == "Div" and consumer.input[0] == name:
+        exp = exp_sum_divisor(index, consumer.input[1])
+        if exp is not None and exp.output[0] == weights:
+            return consumer.output[0]
+    return name
 
 
 def _through_cast_back(index: GraphIndex, name: str, dtype: np.dtype, values: dict) -> str:

@@ -45,26 +45,31 @@ def eps_candidates(index: GraphIndex, nodes: Sequence[onnx.NodeProto], dim: int)
 
 
 def probe_score_weight(
-    evaluate: Evaluate, sources: list[str], shape: tuple[int, ...], dtype: np.dtype, eps: float
+    evaluate: Evaluate, sources: list[str], shape: tuple[int, ...], dtype: np.dtype, eps: float, zeros: int = 0
 ) -> np.ndarray:
-    """``sw`` (float64) such that the region equals AttnResAggregate(sw, eps), if it is an aggregation at all."""
+    """``sw`` (float64) such that the region equals AttnResAggregate(sw, eps), if it is an aggregation at all.
+
+    ``sources`` are the ones the region takes as inputs; ``zeros`` more are held at zero (constants.py): each
+    weighs in with logit 0 and adds nothing to ``h``."""
     dim = shape[-1]
     probe_name = sources[0]
     same = sum(s == probe_name for s in sources)
-    if same == len(sources):
+    if same == len(sources) and not zeros:
         return np.zeros(dim)
     first = np.full(dim, 0.1 * math.sqrt(eps) if eps > 0 else 1.0)
-    estimate = _measure(evaluate, sources, probe_name, same, shape, dtype, eps, first)
+    estimate = _measure(evaluate, sources, probe_name, (same, zeros), shape, dtype, eps, first)
     if eps <= 0:
         return estimate
     strength = 4 * estimate**2 - 1 / dim
     steps = np.where(strength > 0, np.sqrt(eps / np.maximum(strength, 1e-30)), 10 * math.sqrt(eps))
-    return _measure(evaluate, sources, probe_name, same, shape, dtype, eps, np.minimum(steps, 10 * math.sqrt(eps)))
+    return _measure(evaluate, sources, probe_name, (same, zeros), shape, dtype, eps,
+                    np.minimum(steps, 10 * math.sqrt(eps)))
 
 
-def _measure(evaluate: Evaluate, sources: list[str], probe_name: str, same: int, shape: tuple[int, ...],
-             dtype: np.dtype, eps: float, steps: np.ndarray) -> np.ndarray:
+def _measure(evaluate: Evaluate, sources: list[str], probe_name: str, counts: tuple[int, int],
+             shape: tuple[int, ...], dtype: np.dtype, eps: float, steps: np.ndarray) -> np.ndarray:
     dim, tokens = shape[-1], math.prod(shape[:-1])
+    same, zeros = counts
     rest = len(sources) - same
     sw = np.zeros(dim)
     for start in range(0, dim, tokens):
@@ -77,12 +82,23 @@ def _measure(evaluate: Evaluate, sources: list[str], probe_name: str, same: int,
                  for name in dict.fromkeys(sources)}
         real_delta = probe[np.arange(tokens), which].astype(dtype).astype(np.float64)
         h = np.asarray(evaluate(feeds), dtype=np.float64).reshape(tokens, dim)
-        share = (h[np.arange(tokens), which] + real_delta) / (2 * real_delta)
-        if not np.all((share > 0) & (share < 1)):
-            raise Rejected("probing the weights saturated the softmax or gave weights outside (0, 1)")
-        gap = np.log(share / same) - np.log((1 - share) / rest)
-        sw[which] = gap * np.sqrt(real_delta**2 / dim + eps) / (2 * real_delta)
+        logit = _logit_of_probe(h[np.arange(tokens), which] / real_delta, same, rest, zeros)
+        sw[which] = logit * np.sqrt(real_delta**2 / dim + eps) / real_delta
     return sw
+
+
+def _logit_of_probe(t: np.ndarray, same: int, rest: int, zeros: int) -> np.ndarray:
+    """``g`` from ``t = h_k / d = (same*y - rest/y) / (same*y + rest/y + zeros)`` with ``y = exp(g)`` (the logit
+    of ``u``; ``-u`` has ``-g``, a zero source 0): the positive root of ``a*y^2 + b*y + c = 0``."""
+    a, b, c = same * (1 - t), -zeros * t, -rest * (1 + t)
+    if not np.all((t > -1) & (t < 1)):
+        raise Rejected("probing the weights saturated the softmax or gave weights outside (0, 1)")
+    q = -(b + np.where(b >= 0, 1.0, -1.0) * np.sqrt(b * b - 4 * a * c)) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.maximum(q / a, np.where(q != 0, c / np.where(q != 0, q, 1.0), 0.0))
+    if not np.all(np.isfinite(y) & (y > 0)):
+        raise Rejected("probing the weights saturated the softmax or gave weights outside (0, 1)")
+    return np.log(y)
 
 
 def fit_single_source(

@@ -8,6 +8,7 @@ node takes the separate tensors, so the stack itself can be dropped when nothing
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -36,18 +37,26 @@ def strip_casts(index: GraphIndex, name: str, values: dict[str, np.ndarray]) -> 
     return name
 
 
-def resolve_slot(index: GraphIndex, values: dict[str, np.ndarray], name: str, axis: int, k: int,
-                 depth: int = 0) -> str | None:
-    """The separate tensor stored at position ``k`` of ``axis`` of ``name``, or None when it cannot be traced."""
+def resolve_slot(index: GraphIndex, values: Mapping[str, np.ndarray], name: str, axis: int, k: int,
+                 slots: dict[str, np.ndarray] | None = None, depth: int = 0) -> str | None:
+    """The separate tensor stored at position ``k`` of ``axis`` of ``name``, or None when it cannot be traced.
+
+    A slot of a constant (a static export folds ``torch.zeros_like`` partial sources into the stacked
+    initializer) is no tensor of the graph: with ``slots`` given, its value is stored there under a new name,
+    which is returned (rewrite.py makes it an initializer)."""
     value = values.get(name)
     node = index.producer.get(name)
+    if value is not None and slots is not None and index.constant(name) is not None and depth <= MAX_DEPTH:
+        slot = f"{name}/slot_{axis % value.ndim}_{k}"
+        slots[slot] = np.take(np.asarray(value), k, axis=axis)
+        return slot
     if value is None or node is None or depth > MAX_DEPTH or node.domain not in ("", "ai.onnx"):
         return None
     rank = value.ndim
     axis %= rank
 
     def again(tensor: str, new_axis: int, new_k: int) -> str | None:
-        return resolve_slot(index, values, tensor, new_axis, new_k, depth + 1)
+        return resolve_slot(index, values, tensor, new_axis, new_k, slots, depth + 1)
 
     op, first = node.op_type, node.input[0] if node.input else ""
     if op == "Identity" or (op == "Cast" and widening_cast(node, values)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -25,6 +25,8 @@ class Replacement:
     score_weight: np.ndarray
     eps: float
     cast_to: int | None
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    """Sources that are no tensor of the graph (slots of a stacked constant): added as initializers."""
 
 
 def apply_replacements(model: onnx.ModelProto, replacements: list[Replacement]) -> onnx.ModelProto:
@@ -35,6 +37,12 @@ def apply_replacements(model: onnx.ModelProto, replacements: list[Replacement]) 
     graph = out.graph
     fresh = unique_namer(graph, "attnres_fusion")
     by_output = {r.output: r for r in replacements}
+    renamed: dict[str, str] = {}
+    for r in replacements:
+        for slot, value in r.constants.items():
+            if slot not in renamed:
+                renamed[slot] = fresh("constant_source")
+                graph.initializer.append(numpy_helper.from_array(value, renamed[slot]))
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         hits = [by_output[o] for o in node.output if o in by_output]
@@ -49,7 +57,7 @@ def apply_replacements(model: onnx.ModelProto, replacements: list[Replacement]) 
             weight = fresh("score_weight")
             graph.initializer.append(numpy_helper.from_array(r.score_weight.astype(np.float32), weight))
             result = r.output if r.cast_to is None else fresh("aggregate")
-            nodes.append(aggregate_node(r.name, weight, r.sources, result, r.eps))
+            nodes.append(aggregate_node(r.name, weight, [renamed.get(s, s) for s in r.sources], result, r.eps))
             if r.cast_to is not None:
                 nodes.append(oh.make_node("Cast", [result], [r.output], name=f"{r.name}/cast", to=r.cast_to))
     replace_nodes(graph, nodes)

@@ -31,11 +31,14 @@ class Verdict:
 class FusedEvaluator:
     """AttnResAggregate alone, run by ONNX Runtime through the NumPy reference op; ``score_weight`` is an input."""
 
-    def __init__(self, sources: list[str], value: np.ndarray, storage: int, eps: float, numerics: Numerics) -> None:
+    def __init__(self, sources: list[str], value: np.ndarray, storage: int, eps: float, numerics: Numerics,
+                 fixed: dict[str, np.ndarray] | None = None) -> None:
         """``storage`` is the sources' element type in the graph (a bfloat16 graph runs emulated in float32, so
-        the captured arrays do not say it)."""
+        the captured arrays do not say it); ``fixed`` sources are constants, fed their value whatever the
+        trial (constants.py)."""
         self.names = [f"s{i}" for i in range(len(sources))]
         self.sources = sources
+        self.fixed = fixed or {}
         self.dtype_name = BY_ONNX[storage].name if storage in BY_ONNX else "float32"
         elem = storage
         inputs = [oh.make_tensor_value_info("sw", TensorProto.FLOAT, [value.shape[-1]])]
@@ -46,7 +49,8 @@ class FusedEvaluator:
         self.session = numerics.open_session(model)
 
     def __call__(self, sw: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        inputs = {n: feeds[s] for n, s in zip(self.names, self.sources, strict=True)}
+        inputs = {n: self.fixed[s] if s in self.fixed else feeds[s]
+                  for n, s in zip(self.names, self.sources, strict=True)}
         return self.session({"sw": sw.astype(np.float32), **inputs})["h"]
 
 
@@ -54,8 +58,8 @@ def verify(region: Evaluate, fused: FusedEvaluator, sw: np.ndarray, eps: float, 
            expected: np.ndarray, seed: int, numerics: Numerics) -> Verdict:
     """Compare the fused node with the original subgraph on three kinds of inputs."""
     rng = np.random.default_rng(seed)
-    example = captured[fused.sources[0]]
-    names = list(dict.fromkeys(fused.sources))
+    names = [n for n in dict.fromkeys(fused.sources) if n not in fused.fixed]
+    example = captured[names[0]]
     trials = {"reference-run": (captured, expected)}
     mixed = {n: (rng.standard_normal(example.shape) * rng.uniform(0.3, 3.0)).astype(example.dtype) for n in names}
     trials["random"] = (mixed, None)
