@@ -1,0 +1,117 @@
+"""Peak memory and time of ``attnres-export`` on a model of the size people deploy, against its weight bytes.
+
+Writes a random checkpoint (stored in the export dtype, as released half-precision models are), then runs
+``attnres-export`` on it in a child process and reads the child's peak resident set (``VmHWM``: every page it
+held at once, anonymous or file-backed; ``ru_maxrss`` would carry the parent's peak over ``fork``) and its wall
+and CPU time. The ratio is peak RSS over the weight bytes of the exported dtype; the interpreter's own
+footprint (Python, torch, onnx, ONNX Runtime imported) is measured in a separate child and reported beside it.
+Run from the repository root:
+    python benchmarks/export_memory.py                              # 1.44B parameters, float16
+    python benchmarks/export_memory.py --layers 4 --d-model 512     # a quick run
+Pass ``-- --no-check`` style extra arguments after ``--`` to hand them to ``attnres-export``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from attnres_export.dtypes import torch_dtype
+from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models.example import make_example
+
+CHILD = """
+import json, sys, time
+wall, cpu = time.perf_counter(), time.process_time()
+if sys.argv[1] == "export":
+    from attnres_export.cli import export_main as main
+    sys.argv = ["attnres-export", *sys.argv[2:]]
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+else:
+    import onnx, onnxruntime, torch, attnres_export.cli  # noqa: F401
+    code = 0
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(json.dumps({"code": code, "maxrss_kib": int(status["VmHWM"].split()[0]),
+                  "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}), file=sys.stderr)
+"""
+
+
+def run_child(*args: str) -> dict:
+    """Run CHILD with ``args``; its last stderr line is its JSON summary."""
+    done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True,
+                          text=True, check=False)
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    if summary["code"] not in (0, None):
+        sys.exit(f"attnres-export failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return {**summary, "stdout": done.stdout}
+
+
+def write_checkpoint(cfg: ModelConfig, dtype: str, path: Path) -> int:
+    """A random checkpoint of ``cfg`` with weights stored in ``dtype``; returns the parameter count."""
+    model = make_example(cfg).to(torch_dtype(dtype))
+    save_checkpoint(model, cfg, path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--d-model", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--d-ff", type=int, default=6144)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--block-size", type=int, default=4, help="sublayers per block, 0 for Full AttnRes")
+    parser.add_argument("--dtype", default="float16", help="storage type of the checkpoint and the export")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and ONNX go [a temp dir]")
+    parser.add_argument("extra", nargs="*", help="more attnres-export arguments (after --)")
+    args = parser.parse_args()
+    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                      d_ff=args.d_ff, block_size=args.block_size, max_seq_len=512)
+    console = Console()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        ckpt = Path(tmp) / "model.pt"
+        with console.status(f"writing a random {args.dtype} checkpoint"):
+            started = time.perf_counter()
+            params = write_checkpoint(cfg, args.dtype, ckpt)
+        console.print(f"checkpoint: {params / 1e9:.2f}B parameters, {ckpt.stat().st_size / 2**30:.2f} GiB "
+                      f"({time.perf_counter() - started:.0f} s to write)")
+        with console.status("measuring the interpreter's own footprint"):
+            baseline = run_child("imports")
+        with console.status("running attnres-export"):
+            export = run_child("export", str(ckpt), "--dtype", args.dtype, "-o", str(Path(tmp) / "model.onnx"),
+                               *args.extra)
+        written = sum(p.stat().st_size for p in Path(tmp).glob("model.onnx*"))
+    weight_bytes = params * torch.empty((), dtype=torch_dtype(args.dtype)).element_size()
+    table = Table(title=f"attnres-export, {args.layers} layers d{args.d_model} {args.dtype} "
+                        f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    for column in ("what", "figure", "x weight bytes"):
+        table.add_column(column, justify="right" if column != "what" else "left")
+    gib = 2**30
+    table.add_row("weights (exported dtype)", f"{weight_bytes / gib:.2f} GiB", "1.00")
+    table.add_row("ONNX written (with external data)", f"{written / gib:.2f} GiB", f"{written / weight_bytes:.2f}")
+    table.add_row("peak RSS, attnres-export", f"{export['maxrss_kib'] / 2**20:.2f} GiB",
+                  f"{export['maxrss_kib'] * 1024 / weight_bytes:.2f}")
+    table.add_row("peak RSS, imports alone", f"{baseline['maxrss_kib'] / 2**20:.2f} GiB",
+                  f"{baseline['maxrss_kib'] * 1024 / weight_bytes:.2f}")
+    table.add_row("export wall time", f"{export['wall']:.1f} s", "")
+    table.add_row("export CPU time", f"{export['cpu']:.1f} s", "")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
