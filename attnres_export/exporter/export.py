@@ -111,7 +111,7 @@ class _Job:
 def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
     """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input.
 
-    Memory (docs/benchmarks.md#export-memory): the checkpoint is loaded in its stored types and traced without a
+    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced without a
     copy when it is stored in the export dtype; the traced weights go straight to the staging folder's data file;
     the PyTorch references run before ONNX Runtime opens the staged file, and the model is released between."""
     validate_options(opts)

@@ -1,6 +1,6 @@
 """Building an export in a private folder beside its destination, with the weights on disk from the start.
 
-A multi-GB model cannot be held several times over (docs/benchmarks.md#export-memory): the traced model's
+A multi-GB model cannot be held several times over (docs/benchmarks.md, "CPU: export memory"): the traced model's
 weights stream once to an external-data file in the folder, and everything after the trace (metadata, target
 conversion, validation, the parity run) works on the graph without its weights. ``publish`` moves the result
 into place, inlining the weights when the model is small enough for one file; an interrupted run leaves only
