@@ -255,21 +255,27 @@ class TwoPhaseRunningLM(TwoPhaseLseLM):
         return (a * o1 + b * partial) / (a + b)
 
 
-class ZerosPartialLM(StackEinsumLM):
-    """(j) Block AttnRes (S = 2) that starts every block with ``partial = torch.zeros_like(x)`` and always
-    aggregates ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
+class _PartialBlocks:
+    """Block AttnRes that starts every block with ``partial = self.fill(x)`` and always aggregates
+    ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
 
-    block = 2
+    fill = staticmethod(torch.zeros_like)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         emb = self.embed(input_ids)
-        blocks, partial = [emb], torch.zeros_like(emb)
+        blocks, partial = [emb], self.fill(emb)
         for j, layer in enumerate(self.sublayers):
             partial = partial + layer(self.aggregate([*blocks, partial], j))
             if (j + 1) % self.block == 0 or j == self.n_sub - 1:
                 blocks.append(partial)
-                partial = torch.zeros_like(emb)
+                partial = self.fill(emb)
         return self.head(self.aggregate(blocks, self.n_sub))
+
+
+class ZerosPartialLM(_PartialBlocks, StackEinsumLM):
+    """(j) Block AttnRes (S = 2) over (a)'s aggregation, each block starting with ``torch.zeros_like``."""
+
+    block = 2
 
 
 class OnesPartialLM(ZerosPartialLM):
@@ -277,31 +283,12 @@ class OnesPartialLM(ZerosPartialLM):
 
     aggregations = 3
     """The two sites with the constant source (the first sublayer of each block) stay unfused."""
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        emb = self.embed(input_ids)
-        blocks, partial = [emb], torch.ones_like(emb)
-        for j, layer in enumerate(self.sublayers):
-            partial = partial + layer(self.aggregate([*blocks, partial], j))
-            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
-                blocks.append(partial)
-                partial = torch.ones_like(emb)
-        return self.head(self.aggregate(blocks, self.n_sub))
+    fill = staticmethod(torch.ones_like)
 
 
-class ZerosPartialScoredLM(TorchRMSNormLM):
+class ZerosPartialScoredLM(_PartialBlocks, TorchRMSNormLM):
     """(k) Like (d), but every block starts with ``partial = torch.zeros_like(x)``, which is always a source:
     a static export folds the zero source and its score (RMSNorm of zeros, dot with the query) to constants."""
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        emb = self.embed(input_ids)
-        blocks, partial = [emb], torch.zeros_like(emb)
-        for j, layer in enumerate(self.sublayers):
-            partial = partial + layer(self.aggregate([*blocks, partial], j))
-            if (j + 1) % self.block == 0 or j == self.n_sub - 1:
-                blocks.append(partial)
-                partial = torch.zeros_like(emb)
-        return self.head(self.aggregate(blocks, self.n_sub))
 
 
 class _NegativeLM(StackEinsumLM):
