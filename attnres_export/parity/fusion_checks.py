@@ -7,7 +7,7 @@ import onnx
 
 from attnres_export.backends.isolated_run import crash_in_isolation
 from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
-from attnres_export.dtypes import STORAGE_TYPES
+from attnres_export.dtypes import BY_ONNX, STORAGE_TYPES
 from attnres_export.errors import ParityError
 from attnres_export.graphs.fusion import FusionResult, Numerics, fuse_model
 from attnres_export.graphs.fusion.feeds import symbolic_inputs
@@ -39,12 +39,14 @@ def whole_model_parity(fused: onnx.ModelProto, feeds: Feeds, expected: Feeds, or
                        artifact: str = "fused vs original", dtype: str | None = None) -> Report:
     """Every output of ``fused`` on ``feeds`` against ``expected`` (the original's outputs on the same feeds, or
     the float32 PyTorch reference's), at the bar of ``dtype`` (the exported precision), else of each output's
-    own dtype."""
+    declared type (a bfloat16 output comes back from the CPU emulation as float32 arrays)."""
     got = onnxruntime_numerics().run(fused, feeds)
     metrics = {}
     for output in original.graph.output:
         want = expected[output.name]
-        bar = dtype or (str(want.dtype) if str(want.dtype) in STORAGE_TYPES else "float32")
+        declared = BY_ONNX.get(output.type.tensor_type.elem_type)
+        bar = dtype or (declared.name if declared is not None else
+                        str(want.dtype) if str(want.dtype) in STORAGE_TYPES else "float32")
         metrics[output.name] = compare(got[output.name], want, tolerance_for(bar))
     shape = list(next(iter(feeds.values())).shape) if feeds else []
     return Report([Check(shape, "onnxruntime+ref-ops", artifact, dtype or "float32", metrics)])

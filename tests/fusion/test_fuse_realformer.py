@@ -137,6 +137,20 @@ def test_float16_realformer_fuses_with_a_float32_running_sum_and_matches_torch_a
     assert matches_torch_at(result.model, model, "float16")
 
 
+def test_bfloat16_realformer_fuses_and_passes_whole_model_parity_at_the_bfloat16_bar():
+    """The CPU runs bfloat16 through a float32 emulation, so the bar comes from the output's declared type."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        bf16 = torch.onnx.export(BertStyleRealFormer().eval().to(torch.bfloat16), (example_ids(),), dynamo=True,
+                                 dynamic_shapes=dynamic_shapes(), input_names=["input_ids"],
+                                 output_names=["hidden"], opset_version=18).model_proto
+    result, parity = fuse(bf16)
+    assert result.fused_residual == LAYERS and parity.ok, parity.to_dict()
+    assert parity.checks[0].outputs["hidden"].rel_l2 > 1e-5
+    assert {value_types(result.model)[inputs_of(n)["q"]] for n in attention_nodes(result.model)} == \
+        {onnx.TensorProto.BFLOAT16}
+
+
 def test_plain_attention_gets_no_residual_node_and_its_softmaxes_stay_attention():
     original = plain_onnx(PlainBert, opset=18)
     result, parity = fuse(original)
