@@ -41,7 +41,7 @@ class KeepFloat32(nn.Module):
     """A module whose parameters and buffers are never rounded below float32 by ``.half()``/``.to(dtype)``.
 
     Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
-    float16 or bfloat16 export must not round them; a float64 copy (the precise parity reference) widens them,
+    float16 or bfloat16 export must not round them; a cast to float64 (`.double()`) still widens them,
     and device moves still apply.
     """
 

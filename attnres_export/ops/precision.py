@@ -1,6 +1,6 @@
 """The precision the references compute in: float32 for every storage type, float64 when given float64.
 
-The exported ops and models compute in float32 whatever T is (docs/op-set.md). A float64 copy of a model must
+The exported ops and models compute in float32 whatever T is (docs/op-set.md). A model run in float64 must
 stay float64 all the way through, because it is the reference that measures how far float32 PyTorch itself is
 from exact (docs/parity.md#pass-bars, the depth-scaled bar)."""
 
