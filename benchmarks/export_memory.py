@@ -1,13 +1,15 @@
 """Peak memory and time of ``attnres-export`` on a model of the size people deploy, against its weight bytes.
 
-Writes a random checkpoint (stored in the export dtype, as released half-precision models are), then runs
-``attnres-export`` on it in a child process and reads the child's peak resident set (``VmHWM``: every page it
-held at once, anonymous or file-backed; ``ru_maxrss`` would carry the parent's peak over ``fork``) and its wall
-and CPU time. The ratio is peak RSS over the weight bytes of the exported dtype; the interpreter's own
-footprint (Python, torch, onnx, ONNX Runtime imported) is measured in a separate child and reported beside it.
+Writes a random checkpoint (stored in the export dtype, as released half-precision models are, or in the type
+``--stored`` names), then runs ``attnres-export`` on it in a child process and reads the child's peak resident
+set (``VmHWM``: every page it held at once, anonymous or file-backed; ``ru_maxrss`` would carry the parent's
+peak over ``fork``) and its wall and CPU time. The ratio is peak RSS over the weight bytes of the exported
+dtype; the interpreter's own footprint (Python, torch, onnx, ONNX Runtime imported) is measured in a separate
+child and reported beside it.
 Run from the repository root:
     python benchmarks/export_memory.py                              # 1.44B parameters, float16
     python benchmarks/export_memory.py --layers 4 --d-model 512     # a quick run
+    python benchmarks/export_memory.py --stored float32             # a float32 checkpoint exported to float16
 Pass ``-- --no-check`` style extra arguments after ``--`` to hand them to ``attnres-export``.
 """
 
@@ -76,7 +78,8 @@ def main() -> None:
     parser.add_argument("--d-ff", type=int, default=6144)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--block-size", type=int, default=4, help="sublayers per block, 0 for Full AttnRes")
-    parser.add_argument("--dtype", default="float16", help="storage type of the checkpoint and the export")
+    parser.add_argument("--dtype", default="float16", help="type of the export (and of the checkpoint)")
+    parser.add_argument("--stored", default=None, help="store the checkpoint in this type instead [--dtype]")
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and ONNX go [a temp dir]")
     parser.add_argument("extra", nargs="*", help="more attnres-export arguments (after --)")
     args = parser.parse_args()
@@ -85,9 +88,10 @@ def main() -> None:
     console = Console()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         ckpt = Path(tmp) / "model.pt"
-        with console.status(f"writing a random {args.dtype} checkpoint"):
+        stored = args.stored or args.dtype
+        with console.status(f"writing a random {stored} checkpoint"):
             started = time.perf_counter()
-            params = write_checkpoint(cfg, args.dtype, ckpt)
+            params = write_checkpoint(cfg, stored, ckpt)
         console.print(f"checkpoint: {params / 1e9:.2f}B parameters, {ckpt.stat().st_size / 2**30:.2f} GiB "
                       f"({time.perf_counter() - started:.0f} s to write)")
         with console.status("measuring the interpreter's own footprint"):
@@ -97,7 +101,7 @@ def main() -> None:
                                *args.extra)
         written = sum(p.stat().st_size for p in Path(tmp).glob("model.onnx*"))
     weight_bytes = params * torch.empty((), dtype=torch_dtype(args.dtype)).element_size()
-    table = Table(title=f"attnres-export, {args.layers} layers d{args.d_model} {args.dtype} "
+    table = Table(title=f"attnres-export, {args.layers} layers d{args.d_model} {args.dtype} from {stored} "
                         f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     for column in ("what", "figure", "x weight bytes"):
         table.add_column(column, justify="right" if column != "what" else "left")
