@@ -136,7 +136,8 @@ def test_existing_output_survives_a_failed_rewrite(block2_checkpoint, tmp_path, 
 
 
 @pytest.mark.slow
-def test_models_over_the_protobuf_limit_are_saved_with_external_data(block2_checkpoint, tmp_path, monkeypatch):
+def test_models_over_the_protobuf_limit_are_saved_with_external_data_and_checked_from_it(block2_checkpoint, tmp_path,
+                                                                                         monkeypatch):
     monkeypatch.setattr(onnx_utils, "PROTOBUF_LIMIT", 10_000)
     monkeypatch.setattr(onnx_utils, "EXTERNAL_DATA_MARGIN", 0)
     out = tmp_path / "big.onnx"
@@ -145,3 +146,6 @@ def test_models_over_the_protobuf_limit_are_saved_with_external_data(block2_chec
     assert (tmp_path / "big.onnx.data").is_file()
     model = onnx.load(str(out), load_external_data=False)
     assert any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
+    checked = invoke("check", block2_checkpoint, "--onnx", out, "--shapes", "2,3")
+    assert checked.exit_code == 0, checked.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
