@@ -29,7 +29,8 @@ from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
-from attnres_export.models.checkpoint import model_as
+from attnres_export.models.checkpoint import model_as, stored_as
+from attnres_export.models.config import ModelConfig
 from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
@@ -97,32 +98,36 @@ class _Job:
     """What one export traces, how it is stamped and what checks it: the plain graph or the with-past one."""
 
     ranges: dict[str, DimRange]
-    trace: Callable[[], ir.Model]
+    trace: Callable[[], ir.Model] | None
+    """Traces the export model; dropped once used, so that the model can be released."""
     dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]
     metadata: dict
     expected_nodes: int
     shapes: list[tuple[int, ...]]
-    make_feeds: FeedMaker
-    reference: Callable[[], Runner]
-    precise: Callable[[], Runner] | None
+    reference_model: Callable[[], torch.nn.Module]
+    checks: Callable[[torch.nn.Module], tuple[FeedMaker, Runner, Runner | None]]
+    """The feeds, the float32 reference runner and the float64 one (or None) of a reference model."""
     report_extra: dict
 
 
 def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
     """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input.
 
-    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced without a
-    copy when it is stored in the export dtype; the traced weights go straight to the staging folder's data file;
-    the PyTorch references run before ONNX Runtime opens the staged file, and the model is released between."""
+    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced
+    without a copy when it is stored in the export dtype (``_models``); the traced weights go straight to the
+    staging folder's data file; the PyTorch references run before ONNX Runtime opens the staged file, and the
+    model is released between."""
     validate_options(opts)
     out = opts.resolved_output()
     check_outputs({"-o": out}, {"MODEL": opts.checkpoint})
     status(f"loading {opts.checkpoint}")
-    job = _job(*load_checkpoint(opts.checkpoint, dtype=None), opts)
+    job = _job(*_models(opts), opts)
     with temporary_dir_beside(out) as folder:
         stage = Stage(folder, out.name)
         status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset}), weights to disk")
         graph = stage.write_traced(job.trace())
+        job.trace = None
+        gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
         name_dynamic_dims(graph, job.dynamic_dims)
         graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
         stage.write_graph(graph)
@@ -132,7 +137,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             references = _reference_outputs(job, status)
             shapes, report_extra = job.shapes, job.report_extra
             del job
-            gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+            gc.collect()
             report = _check_staged(stage.path, out.name, shapes, references, opts, status)
             report.extra.update(report_extra)
         target = out if report is None or report.ok else failed_path(out)
@@ -143,30 +148,47 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     return ExportResult(target, files, fused, fused, report, fused_by_type)
 
 
-def _job(model: torch.nn.Module, cfg, opts: ExportOptions) -> _Job:
+def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], ModelConfig]:
+    """The model to trace, how to get the reference model, and the config.
+
+    A checkpoint stored in the export dtype is one model for both. Otherwise the stored weights and the cast
+    ones are never resident together: the traced model is loaded cast (the file mapped group by group), and the
+    reference is mapped again when the references run, after the traced model is gone."""
+    model, cfg = load_checkpoint(opts.checkpoint, dtype=None)
+    if stored_as(model, opts.dtype):
+        return model, lambda: model, cfg
+    model = None  # the stored weights go before the cast copy is made
+    traced, _ = load_checkpoint(opts.checkpoint, dtype=opts.dtype)
+    return traced, lambda: load_checkpoint(opts.checkpoint, dtype=None)[0], cfg
+
+
+def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
+         opts: ExportOptions) -> _Job:
     if opts.with_past:
-        return _with_past_job(model, cfg, opts)
+        return _with_past_job(traced, reference_model, cfg, opts)
     if opts.past is not None:
         raise ExportError("--past needs --with-past")
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
     if seq.max > cfg.max_seq_len:
         raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
     ranges = {"batch": opts.batch, "seq": seq}
-    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in model.input_axes.items()}
+    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
     dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
-               for name, axes in model.input_axes.items()}
-    output_names = list(model.output_names)
+               for name, axes in traced.input_axes.items()}
 
-    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-        return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
+    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
+        def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+            return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
 
-    return _Job(ranges, lambda: _export(model, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
-                model.fused_node_count(), check_shapes(ranges), feeds,
-                lambda: TorchRunner(model, output_names), lambda: TorchRunner(model, output_names, dtype="float64"),
-                {})
+        names = list(model.output_names)
+        return feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64")
+
+    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
+                traced.fused_node_count(), check_shapes(ranges), reference_model, checks, {})
 
 
-def _with_past_job(model: torch.nn.Module, cfg, opts: ExportOptions) -> _Job:
+def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
+                   opts: ExportOptions) -> _Job:
     from attnres_export.exporter.with_past import (
         check_shapes_with_past,
         dynamic_dims_with_past,
@@ -177,15 +199,19 @@ def _with_past_job(model: torch.nn.Module, cfg, opts: ExportOptions) -> _Job:
     from attnres_export.models.attnres_lm import AttnResLMWithPast, WithPastFeeds
 
     ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
-    reference = AttnResLMWithPast(model)
-    metadata = {"arch": cfg.arch, "with_past": True, "inputs": reference.input_axes(), "n_layers": cfg.n_layers,
+    wrapper = AttnResLMWithPast(traced)
+    metadata = {"arch": cfg.arch, "with_past": True, "inputs": wrapper.input_axes(), "n_layers": cfg.n_layers,
                 "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
                 "max_seq_len": cfg.max_seq_len}
-    output_names = reference.output_names()
-    return _Job(ranges, lambda: export_with_past(model, ranges, opts.dtype, opts.opset, opts.seed)[0],
-                dynamic_dims_with_past(reference, ranges), metadata, model.fused_node_count(),
-                check_shapes_with_past(ranges), past_feed_maker(reference, opts.dtype, opts.seed),
-                lambda: TorchRunner(WithPastFeeds(reference), output_names), None,
+    dynamic = dynamic_dims_with_past(wrapper, ranges)
+
+    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
+        reference = AttnResLMWithPast(model)
+        return (past_feed_maker(reference, opts.dtype, opts.seed),
+                TorchRunner(WithPastFeeds(reference), reference.output_names()), None)
+
+    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed)[0], dynamic,
+                metadata, traced.fused_node_count(), check_shapes_with_past(ranges), reference_model, checks,
                 {"with_past": True, "shapes": "batch x seq x past"})
 
 
@@ -210,16 +236,17 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportO
 def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
                  status: Callable[[str], None] = lambda _: None) -> Report:
     """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
-    job = _job(model, model.config, opts)
+    job = _job(model, lambda: model, model.config, opts)
     return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
 
 
 def _reference_outputs(job: _Job, status: Callable[[str], None]) -> References:
     """The PyTorch outputs (float32, and float64 when the job has it) at every check shape, with their feeds."""
-    feeds = {shape: job.make_feeds(shape) for shape in job.shapes}
     status("parity: PyTorch references")
-    expected = run_reference(job.reference(), job.shapes, feeds.__getitem__)
-    exact = run_reference(job.precise(), job.shapes, feeds.__getitem__) if job.precise is not None else None
+    make_feeds, reference, precise = job.checks(job.reference_model())
+    feeds = {shape: make_feeds(shape) for shape in job.shapes}
+    expected = run_reference(reference, job.shapes, feeds.__getitem__)
+    exact = run_reference(precise, job.shapes, feeds.__getitem__) if precise is not None else None
     return References(feeds, expected, exact)
 
 

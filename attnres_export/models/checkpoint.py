@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -56,23 +57,46 @@ def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Modul
 
         config, state = read_folder(path)
         payload = {"config": config, "state_dict": state}
+        reread = None
     else:
         payload = _read_payload(path)
+        reread = _rereader(path) if zipfile.is_zipfile(path) else None
     cfg = ModelConfig.from_dict(payload["config"])
     _check_sizes_before_building(cfg, payload["state_dict"], path)
     with torch.device("meta"):
         model = build_model(cfg)
-    _load_state(model, payload["state_dict"], path, dtype)
+    _load_state(model, payload["state_dict"], path, dtype, reread)
     return model.eval(), cfg
+
+
+CAST_GROUP_BYTES = 256 << 20
+"""Stored bytes cast per mapping of the checkpoint. The pages a mapping has read stay resident until it is
+closed, so a load that casts (a float32 checkpoint loaded in float16) maps the file once per group of about
+this size and closes it before the next: the stored weights are never all resident beside the cast ones."""
+
+
+def _rereader(path: Path) -> Callable[[], dict]:
+    """A fresh memory-mapped read of the checkpoint's state_dict (its tensors only; nothing is read yet)."""
+    def reread() -> dict:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["state_dict"]
+
+    return reread
+
+
+def stored_as(model: nn.Module, dtype: str) -> bool:
+    """Are ``model``'s weights held as a ``dtype`` model holds them (``KeepFloat32`` tensors at least float32)?"""
+    state = model.state_dict()
+    wanted = _stored_types(model, state, dtype)
+    return all(tensor.dtype == wanted[key] for key, tensor in state.items())
 
 
 def model_as(model: nn.Module, dtype: str) -> nn.Module:
     """``model`` with its weights in ``dtype`` (``KeepFloat32`` tensors never below float32): ``model`` itself when
     they already are, else a new model that shares every tensor already in its type."""
+    if stored_as(model, dtype):
+        return model
     state = model.state_dict()
     wanted = _stored_types(model, state, dtype)
-    if all(tensor.dtype == wanted[key] for key, tensor in state.items()):
-        return model
     with torch.device("meta"):
         twin = build_model(model.config)
     twin.load_state_dict({key: tensor.to(wanted[key]) for key, tensor in state.items()}, assign=True)
@@ -163,7 +187,8 @@ def _check_sizes_before_building(cfg: ModelConfig, state: dict, path: Path) -> N
                                   f"{names}; fix the config or the weights")
 
 
-def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None) -> None:
+def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
+                reread: Callable[[], dict] | None) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -184,14 +209,41 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None) ->
             )
         if not value.is_floating_point():
             raise CheckpointError(f"{path}: state_dict[{key!r}] is {value.dtype}, expected a floating-point tensor")
-        if not bool(torch.isfinite(value).all()):
-            raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
-                                  "corrupted (re-save them from a healthy model)")
     wanted = _stored_types(model, state, dtype)
-    model.load_state_dict({key: value.to(wanted[key]) for key, value in state.items()}, assign=True)
+    if reread is None or all(value.dtype == wanted[key] for key, value in state.items()):
+        loaded = {key: _finite(value, key, path).to(wanted[key]) for key, value in state.items()}
+    else:
+        loaded = {}
+        for group in _groups(state):
+            source = reread()
+            for key in group:
+                if source[key].shape != state[key].shape or source[key].dtype != state[key].dtype:
+                    raise CheckpointError(f"{path}: changed while it was being read; load it again")
+                loaded[key] = _finite(source[key], key, path).to(wanted[key], copy=True)
+            del source
+    model.load_state_dict(loaded, assign=True)
     left = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
     if left:
         raise CheckpointError(f"{path}: the model has tensors the checkpoint does not set ({_few(left)})")
+
+
+def _finite(value: torch.Tensor, key: str, path: Path) -> torch.Tensor:
+    if not bool(torch.isfinite(value).all()):
+        raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
+                              "corrupted (re-save them from a healthy model)")
+    return value
+
+
+def _groups(state: dict) -> list[list[str]]:
+    """The state_dict's keys in groups of about ``CAST_GROUP_BYTES`` stored bytes."""
+    groups, size = [[]], 0
+    for key, value in state.items():
+        if size >= CAST_GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += value.numel() * value.element_size()
+    return groups
 
 
 def _is_pickle_stream(path: Path) -> bool:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnres_export.dims import DimRange
+from attnres_export.exporter import export
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
@@ -31,3 +32,24 @@ def test_a_float16_checkpoint_exports_in_float16_and_matches_pytorch_from_the_sa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     backends = {check.backend for check in result.report.checks}
     assert backends == {"onnxruntime+ref-ops"}
+
+
+def test_a_float32_checkpoint_exports_in_float16_from_a_cast_copy_and_is_checked_against_its_float32_weights(
+        tmp_path, monkeypatch):
+    """The traced copy is loaded cast and the reference mapped again afterwards (``_models``): both loads happen,
+    in that order, and the check passes against PyTorch on the stored float32 weights."""
+    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    path = tmp_path / "m.pt"
+    save_checkpoint(make_example(cfg, seed=8), cfg, path)
+    loads = []
+    real = export.load_checkpoint
+
+    def recording(checkpoint, dtype="float32"):
+        loads.append(dtype)
+        return real(checkpoint, dtype=dtype)
+
+    monkeypatch.setattr(export, "load_checkpoint", recording)
+    result = export.export_checkpoint(ExportOptions(path, tmp_path / "m.onnx", dtype="float16",
+                                                    batch=DimRange(1, 2, 3), seq=DimRange(1, 4, 8)))
+    assert loads == [None, "float16", None]
+    assert result.report is not None and result.report.ok, result.report.to_dict()

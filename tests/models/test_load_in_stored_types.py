@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from attnres_export.backends.torch_runner import TorchRunner, read_as
-from attnres_export.models import ModelConfig, load_checkpoint, save_checkpoint
+from attnres_export.errors import CheckpointError
+from attnres_export.models import ModelConfig, checkpoint, load_checkpoint, save_checkpoint
 from attnres_export.models.checkpoint import model_as
 from attnres_export.models.example import make_example
 from tests.conftest import SMALL
@@ -96,3 +97,42 @@ def test_a_float32_checkpoint_loads_memory_mapped_and_used_in_place(tmp_path):
             mapped.append(range(start, end))
     pointer = model.embed.weight.data_ptr()
     assert any(pointer in span for span in mapped), "the weights were copied out of the file"
+
+
+def test_a_float32_checkpoint_loads_cast_to_float16_group_by_group_with_the_same_values(tmp_path, monkeypatch):
+    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    original = make_example(cfg, seed=2)
+    save_checkpoint(original, cfg, tmp_path / "m.pt")
+    reads = []
+    real_load = torch.load
+
+    def counting_load(*args, **kwargs):
+        reads.append(kwargs.get("mmap"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "CAST_GROUP_BYTES", 4096)
+    monkeypatch.setattr(torch, "load", counting_load)
+    model, _ = load_checkpoint(tmp_path / "m.pt", dtype="float16")
+    state = original.state_dict()
+    assert len(reads) > 3 and all(reads)
+    for key, tensor in model.state_dict().items():
+        want = state[key] if key.endswith(KEPT_FLOAT32) else state[key].half()
+        assert tensor.dtype == want.dtype and torch.equal(tensor, want), key
+
+
+def test_a_checkpoint_that_changes_between_its_reads_is_refused(tmp_path, monkeypatch):
+    cfg = ModelConfig(**SMALL, n_layers=1)
+    save_checkpoint(make_example(cfg, seed=2), cfg, tmp_path / "m.pt")
+    real_load = torch.load
+
+    def swapped(*args, **kwargs):
+        payload = real_load(*args, **kwargs)
+        if len(calls) > 0:
+            payload["state_dict"] = {k: v.double() for k, v in payload["state_dict"].items()}
+        calls.append(1)
+        return payload
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "load", swapped)
+    with pytest.raises(CheckpointError, match="changed while it was being read"):
+        load_checkpoint(tmp_path / "m.pt", dtype="float16")
