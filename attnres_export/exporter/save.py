@@ -33,11 +33,7 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
             save_with_external_data(model, tmp, data_name)
         else:
             onnx.save_model(model, str(tmp))
-        try:
-            onnx.checker.check_model(str(tmp), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-            first = str(exc).strip().splitlines()[0][:300]
-            raise ExportError(f"{path.name} would not pass onnx.checker ({first}); nothing was written") from exc
+        check_written(tmp, path.name)
         written = [path]
         for produced in tmp_dir.iterdir():
             os.chmod(produced, default_file_mode())
@@ -46,3 +42,12 @@ def save_onnx_atomic(model: onnx.ModelProto, path: Path) -> list[Path]:
             written.append(path.parent / data_name)
         os.replace(tmp, path)
     return written
+
+
+def check_written(file: Path, name: str) -> None:
+    """The full ``onnx.checker`` on a written (not yet published) ``file``; ``name`` is what the user asked for."""
+    try:
+        onnx.checker.check_model(str(file), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise ExportError(f"{name} would not pass onnx.checker ({first}); nothing was written") from exc

@@ -16,12 +16,11 @@ import onnx
 import onnx_ir as ir
 
 from attnres_export.atomic import atomic_write, default_file_mode, refuse_non_regular
-from attnres_export.errors import ExportError
+from attnres_export.exporter.save import check_written
+from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
 from attnres_export.graphs.schemas import register_schemas
 
-ALIGNMENT = 4096
-"""Tensors start on page boundaries in the data file, so ONNX Runtime can map them instead of copying."""
 IN_FLIGHT_BYTES = 64 << 20
 """At most this much tensor data is being written at once."""
 
@@ -50,7 +49,7 @@ class Stage:
         refuse_non_regular(target, "output")
         data = self.path.parent / self.data_name
         if fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
-            self._check(target)
+            check_written(self.path, target.name)
             with atomic_write(target) as tmp:
                 _write_inline(onnx.load(str(self.path), load_external_data=False), data, tmp)
             return [target]
@@ -62,20 +61,13 @@ class Stage:
         os.replace(data, staged_data)
         self.data_name = target_data.name
         self.write_graph(graph)
-        self._check(target)
+        check_written(self.path, target.name)
         for produced in (staged_data, self.path):
             os.chmod(produced, default_file_mode())
         os.replace(staged_data, target_data)
         os.replace(self.path, target)
         return [target, target_data]
 
-    def _check(self, target: Path) -> None:
-        """The full ``onnx.checker`` on the staged file (its graph; the data file is only located)."""
-        try:
-            onnx.checker.check_model(str(self.path), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-            first = str(exc).strip().splitlines()[0][:300]
-            raise ExportError(f"{target.name} would not pass onnx.checker ({first}); nothing was written") from exc
 
 
 def _relocate(graph: onnx.ModelProto, old: str, new: str) -> None:
