@@ -86,21 +86,24 @@ def _rereader(path: Path) -> Callable[[], dict]:
 def stored_as(model: nn.Module, dtype: str) -> bool:
     """Are ``model``'s weights held as a ``dtype`` model holds them (``KeepFloat32`` tensors at least float32)?"""
     state = model.state_dict()
-    wanted = _stored_types(model, state, dtype)
-    return all(tensor.dtype == wanted[key] for key, tensor in state.items())
+    return _held_as(state, _stored_types(model, state, dtype))
 
 
 def model_as(model: nn.Module, dtype: str) -> nn.Module:
     """``model`` with its weights in ``dtype`` (``KeepFloat32`` tensors never below float32): ``model`` itself when
     they already are, else a new model that shares every tensor already in its type."""
-    if stored_as(model, dtype):
-        return model
     state = model.state_dict()
     wanted = _stored_types(model, state, dtype)
+    if _held_as(state, wanted):
+        return model
     with torch.device("meta"):
         twin = build_model(model.config)
     twin.load_state_dict({key: tensor.to(wanted[key]) for key, tensor in state.items()}, assign=True)
     return twin.eval()
+
+
+def _held_as(state: dict, wanted: dict[str, torch.dtype]) -> bool:
+    return all(tensor.dtype == wanted[key] for key, tensor in state.items())
 
 
 def _stored_types(model: nn.Module, state: dict, dtype: str | None) -> dict[str, torch.dtype]:
@@ -210,7 +213,7 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
         if not value.is_floating_point():
             raise CheckpointError(f"{path}: state_dict[{key!r}] is {value.dtype}, expected a floating-point tensor")
     wanted = _stored_types(model, state, dtype)
-    if reread is None or all(value.dtype == wanted[key] for key, value in state.items()):
+    if reread is None or _held_as(state, wanted):
         loaded = {key: _finite(value, key, path).to(wanted[key]) for key, value in state.items()}
     else:
         loaded = {}
