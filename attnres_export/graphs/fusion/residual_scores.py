@@ -13,7 +13,6 @@ reports it as attention.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ import onnx
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.numerics import Numerics
+from attnres_export.graphs.fusion.probe import ConstantOf
 from attnres_export.graphs.fusion.residual_match import (
     PLUMBING,
     AttentionSite,
@@ -33,8 +33,6 @@ from attnres_export.graphs.fusion.residual_match import (
 )
 from attnres_export.graphs.fusion.residual_rewrite import ResidualReplacement
 from attnres_export.graphs.fusion.residual_verify import element_types, verify_attention
-
-ConstantOf = Callable[[str], "np.ndarray | None"]
 
 
 @dataclass
