@@ -37,24 +37,27 @@ def library_path() -> str:
 
 
 @functools.cache
-def _register(op_type: str, pattern: tuple[bool, ...]) -> str:
-    """Register the reference of ``op_type`` for inputs listed as in ``pattern``; returns the op type to use."""
+def _register(op_type: str, pattern: tuple[bool, ...], n_outputs: int) -> str:
+    """Register the reference of ``op_type`` for inputs listed as in ``pattern`` and its first ``n_outputs``
+    outputs; returns the op type to use."""
     op = OPS[op_type]
     ext = _extensions()
     dt = ext.PyCustomOpDef
     name = f"{op.op_type}__{''.join('1' if p else '0' for p in pattern)}"
+    if n_outputs < len(op.outputs):
+        name += f"_{n_outputs}"
 
     def reference(*inputs, **attrs):
         listed = iter(inputs)
         canonical = [next(listed) if present else None for present in pattern]
-        outputs = op.numpy_reference(canonical, attrs)
+        outputs = op.numpy_reference(canonical, attrs)[:n_outputs]
         return outputs[0] if len(outputs) == 1 else outputs
 
     attrs = {a.name: dt.dt_float for a in op.attributes}
     ext.onnx_op(
         op_type=f"{DOMAIN}::{name}",
         inputs=[dt.dt_float] * sum(pattern),
-        outputs=[dt.dt_float] * len(op.outputs),
+        outputs=[dt.dt_float] * n_outputs,
         attrs={**attrs, "plugin_version": dt.dt_string, "plugin_namespace": dt.dt_string},
     )(reference)
     return name
@@ -73,8 +76,8 @@ def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
         op = OPS[node.op_type]
         inputs = op.canonical_inputs(node)
         storage = types.get(inputs[op.storage_input], TensorProto.FLOAT)
-        node.op_type = _register(op.op_type, tuple(bool(name) for name in inputs))
-        op.drop_presence(node)
+        op.expand(node)
+        node.op_type = _register(op.op_type, tuple(bool(name) for name in inputs), len(node.output))
         kept = [a for a in node.attribute if a.name not in PLUGIN_ATTRIBUTES]
         del node.attribute[:]
         node.attribute.extend([*kept, *(oh.make_attribute(name, "") for name in PLUGIN_ATTRIBUTES)])

@@ -48,7 +48,8 @@ def _inspect_onnx(file: Path) -> None:
         for name, type_name, dims in values:
             io_table.add_row(kind, name, type_name, " x ".join(dims))
     console.print(io_table)
-    fused = Table(title="attnres nodes by source count (AttnResAggregate) or present inputs (other ops)")
+    fused = Table(title="attnres nodes by source count (AttnResAggregate, AttnResAggregateNorm) or present inputs "
+                        "(other ops)")
     for column in ("op", "sources / inputs", "nodes"):
         fused.add_column(column)
     for (op_type, arity), count in summary.fused_by_arity.items():

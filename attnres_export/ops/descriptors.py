@@ -17,11 +17,17 @@ import numpy as np
 import onnx
 
 from attnres_export.ops.decompose_aggregate import decompose_aggregate
+from attnres_export.ops.decompose_aggregate_norm import decompose_aggregate_norm
 from attnres_export.ops.decompose_attention import decompose_residual_attention
-from attnres_export.ops.numpy_ref import attnres_aggregate_numpy, residual_score_attention_numpy
+from attnres_export.ops.numpy_ref import (
+    attnres_aggregate_norm_numpy,
+    attnres_aggregate_numpy,
+    residual_score_attention_numpy,
+)
 from attnres_export.ops.onnx_nodes import Fresh, attribute
 from attnres_export.ops.opset import (
     AGGREGATE,
+    AGGREGATE_NORM,
     DOMAIN,
     MAX_SOURCES,
     ORT_TRT_DOMAIN,
@@ -52,6 +58,9 @@ class OutputSpec:
     name: str
     storage: bool
     doc: str
+    presence_attribute: str | None = None
+    """For an optional output: the int attribute saying whether it is listed, in the compact spelling. In the ONNX
+    spelling an optional output is listed or not (trailing) and needs no attribute."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,21 @@ class OpDescriptor:
         return next((i for i in self.inputs if i.kind == "variadic"), None)
 
     @property
-    def presence_attributes(self) -> tuple[str, ...]:
+    def input_presence_attributes(self) -> tuple[str, ...]:
         return tuple(i.presence_attribute for i in self.inputs if i.presence_attribute)
+
+    @property
+    def output_presence_attributes(self) -> tuple[str, ...]:
+        return tuple(o.presence_attribute for o in self.outputs if o.presence_attribute)
+
+    @property
+    def presence_attributes(self) -> tuple[str, ...]:
+        """Every int flag of the compact spelling: the optional inputs', then the optional outputs'."""
+        return (*self.input_presence_attributes, *self.output_presence_attributes)
+
+    @property
+    def required_outputs(self) -> tuple[OutputSpec, ...]:
+        return tuple(o for o in self.outputs if o.presence_attribute is None)
 
     @property
     def plugin_fields(self) -> tuple[str, ...]:
@@ -138,20 +160,36 @@ class OpDescriptor:
         if not self.presence_attributes:
             return
         names = self.canonical_inputs(node)
+        outputs = self.listed_outputs(node)
         _set_inputs(node, [name for name in names if name])
         self.drop_presence(node)
-        for spec, name in zip(self.inputs, names, strict=True):
+        if self.variadic is None:
+            for spec, name in zip(self.inputs, names, strict=True):
+                if spec.presence_attribute:
+                    node.attribute.append(onnx.helper.make_attribute(spec.presence_attribute, int(bool(name))))
+        for spec, name in zip(self.outputs, outputs, strict=False):
             if spec.presence_attribute:
                 node.attribute.append(onnx.helper.make_attribute(spec.presence_attribute, int(bool(name))))
+        del node.output[:]
+        node.output.extend(_without_trailing_empty(outputs))
+
+    def listed_outputs(self, node: onnx.NodeProto) -> list[str]:
+        """One name per formal output, ``""`` for an absent optional one (both spellings)."""
+        names = [*node.output, *[""] * (len(self.outputs) - len(node.output))]
+        if not self.is_compact(node):
+            return names[: max(len(self.outputs), len(node.output))]
+        present = iter(node.output)
+        return [next(present, "") if spec.presence_attribute is None or attribute(node, spec.presence_attribute)
+                else "" for spec in self.outputs]
 
     def expand(self, node: onnx.NodeProto) -> None:
         """Rewrite ``node`` in place to the ONNX spelling: every position, empty names for absent inputs."""
         if not self.presence_attributes:
             return
-        names = self.canonical_inputs(node)
-        while names and not names[-1]:
-            names.pop()
-        _set_inputs(node, names)
+        outputs = self.listed_outputs(node)
+        _set_inputs(node, _without_trailing_empty(self.canonical_inputs(node)))
+        del node.output[:]
+        node.output.extend(_without_trailing_empty(outputs))
         self.drop_presence(node)
 
     def drop_presence(self, node: onnx.NodeProto) -> None:
@@ -183,7 +221,12 @@ class OpDescriptor:
                 problems.append(f"has {count} {variadic.name}; takes 1..{self.max_arity} non-empty ones")
         elif len(names) > len(self.inputs):
             problems.append(f"has {len(names)} inputs; takes at most {len(self.inputs)}")
-        return problems
+        return [*problems, *self._output_problems(node)]
+
+    def _output_problems(self, node: onnx.NodeProto) -> list[str]:
+        if len(node.output) > len(self.outputs):
+            return [f"has {len(node.output)} outputs; has at most {len(self.outputs)}"]
+        return [] if node.output and node.output[0] else [f"missing output {self.outputs[0].name}"]
 
     def _attribute_problems(self, node: onnx.NodeProto) -> list[str]:
         problems = []
@@ -205,11 +248,22 @@ class OpDescriptor:
                 problems.append(f"attribute {name} is {flag!r}; it must be 0 or 1")
         if problems:
             return problems
-        listed = sum(1 for s in self.inputs if not s.presence_attribute or attribute(node, s.presence_attribute, 0))
-        if len(node.input) != listed or "" in node.input:
-            problems.append(f"lists {len(node.input)} inputs but its presence attributes "
-                            f"({', '.join(self.presence_attributes)}) say {listed} non-empty ones")
+        for kind, specs, names in (("inputs", self.inputs, node.input), ("outputs", self.outputs, node.output)):
+            flags = [spec.presence_attribute for spec in specs if spec.presence_attribute]
+            if not flags:
+                continue
+            listed = sum(1 for spec in specs if not spec.presence_attribute or attribute(node, spec.presence_attribute))
+            if len(names) != listed or "" in names:
+                problems.append(f"lists {len(names)} {kind} but its presence attributes ({', '.join(flags)}) say "
+                                f"{listed} non-empty ones")
         return problems
+
+
+def _without_trailing_empty(names: Sequence[str]) -> list[str]:
+    names = list(names)
+    while names and not names[-1]:
+        names.pop()
+    return names
 
 
 def _set_inputs(node: onnx.NodeProto, names: Sequence[str]) -> None:
@@ -241,6 +295,27 @@ def _aggregate_shapes(shapes: list[Shape]) -> str | None:
     dims = {s[-1] for s in sources if s and s[-1] is not None}
     if weight[0] is not None and dims and dims != {weight[0]}:
         return f"score_weight has length {weight[0]} but the sources' last dim is {', '.join(map(str, sorted(dims)))}"
+    return None
+
+
+def _aggregate_norm_translation(op, plugin: dict[str, str]):
+    def translate(score_weight, norm_weight, sources, eps: float, norm_eps: float):
+        """The torch op returns ``y`` only, so the traced node lists one output."""
+        return op(score_weight, norm_weight, *sources, eps=eps, norm_eps=norm_eps, **plugin)
+
+    return translate
+
+
+def _aggregate_norm_shapes(shapes: list[Shape]) -> str | None:
+    problem = _aggregate_shapes([shapes[0], *shapes[2:]])
+    if problem is not None or shapes[1] is None:
+        return problem
+    norm = shapes[1]
+    if len(norm) != 1:
+        return f"norm_weight has rank {len(norm)}; it must be [D]"
+    dims = {s[-1] for s in [shapes[0], *shapes[2:]] if s and s[-1] is not None}
+    if norm[0] is not None and dims and dims != {norm[0]}:
+        return f"norm_weight has length {norm[0]} but the sources' last dim is {', '.join(map(str, sorted(dims)))}"
     return None
 
 
@@ -276,6 +351,32 @@ AGGREGATE_OP = OpDescriptor(
     max_arity=MAX_SOURCES,
 )
 
+AGGREGATE_NORM_OP = OpDescriptor(
+    op_type=AGGREGATE_NORM,
+    torch_op="attnres::aggregate_norm",
+    doc="A depth aggregation followed by the RMSNorm that reads it (docs/op-set.md#attnresaggregatenorm).",
+    inputs=(
+        InputSpec("score_weight", False, "folded gain * pseudo-query, [D], float32"),
+        InputSpec("norm_weight", False, "RMSNorm weight, [D], float32"),
+        InputSpec("sources", True, f"1..{MAX_SOURCES} tensors [..., D]", kind="variadic"),
+    ),
+    outputs=(
+        OutputSpec("y", True, "RMSNorm of the aggregate [..., D]"),
+        OutputSpec("h", True, "the aggregate [..., D], rounded to T; optional", presence_attribute="has_aggregate"),
+    ),
+    attributes=(
+        AttributeSpec("eps", "added to the mean square of each source", "a finite number >= 0", _finite_non_negative),
+        AttributeSpec("norm_eps", "added to the mean square of the aggregate", "a finite number >= 0",
+                      _finite_non_negative),
+    ),
+    numpy_reference=lambda inputs, attrs: attnres_aggregate_norm_numpy(
+        inputs[0], inputs[1], inputs[2:], attrs["eps"], attrs["norm_eps"]),
+    decompose=decompose_aggregate_norm,
+    translation=_aggregate_norm_translation,
+    shape_problem=_aggregate_norm_shapes,
+    max_arity=MAX_SOURCES,
+)
+
 RESIDUAL_ATTENTION_OP = OpDescriptor(
     op_type=RESIDUAL_ATTENTION,
     torch_op="attnres::residual_score_attention",
@@ -305,7 +406,7 @@ RESIDUAL_ATTENTION_OP = OpDescriptor(
     shape_problem=_attention_shapes,
 )
 
-OPS: dict[str, OpDescriptor] = {d.op_type: d for d in (AGGREGATE_OP, RESIDUAL_ATTENTION_OP)}
+OPS: dict[str, OpDescriptor] = {d.op_type: d for d in (AGGREGATE_OP, AGGREGATE_NORM_OP, RESIDUAL_ATTENTION_OP)}
 """Op type -> descriptor: every op of the attnres domain."""
 
 PLUGIN_ATTRIBUTES = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}

@@ -26,6 +26,21 @@ def attnres_aggregate_numpy_in(
     return (weights[..., None] * stacked).sum(axis=0)
 
 
+def attnres_aggregate_norm_numpy(score_weight: np.ndarray, norm_weight: np.ndarray, sources: Sequence[np.ndarray],
+                                 eps: float, norm_eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """docs/op-set.md#attnresaggregatenorm in float32: ``(y, h)`` in the sources' dtype; the norm reads ``h`` as
+    stored."""
+    h = attnres_aggregate_numpy(score_weight, sources, eps)
+    return rms_norm_numpy_in(np.float32, h, norm_weight, norm_eps).astype(h.dtype), h
+
+
+def rms_norm_numpy_in(compute_dtype: type, h: np.ndarray, norm_weight: np.ndarray, norm_eps: float) -> np.ndarray:
+    """``h / sqrt(mean(h^2) + norm_eps) * norm_weight`` computed in ``compute_dtype``."""
+    hf = np.asarray(h, dtype=compute_dtype)
+    inv_rms = 1.0 / np.sqrt(np.mean(hf * hf, axis=-1, keepdims=True) + compute_dtype(norm_eps))
+    return hf * inv_rms * np.asarray(norm_weight, dtype=compute_dtype)
+
+
 def residual_score_attention_numpy(
     q: np.ndarray,
     k: np.ndarray,

@@ -21,6 +21,10 @@ ORT_TRT_DOMAIN = "trt.plugins"
 AGGREGATE = "AttnResAggregate"
 """Op type of one depth aggregation (docs/op-set.md#attnresaggregate); also the TensorRT plugin name."""
 
+AGGREGATE_NORM = "AttnResAggregateNorm"
+"""Op type of one depth aggregation followed by the RMSNorm that reads it (docs/op-set.md#attnresaggregatenorm);
+also the TensorRT plugin name."""
+
 MAX_SOURCES = 256
 """Most sources one AttnResAggregate node takes."""
 

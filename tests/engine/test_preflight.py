@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import onnx
 import pytest
 from onnx import TensorProto
+from onnx import helper as oh
 
 from attnres_export.engine.preflight import preflight, registry_listing
 from tests.engine.conftest import ATTNRES_CREATORS
@@ -119,3 +121,20 @@ def test_empty_optional_input_is_refused_since_the_parser_passes_a_null_tensor()
     result = preflight(attention_model(["q", "k", "v", "", "mask"]), registry, (10, 8), LIBS)
     assert not result.ok
     assert "null tensor" in messages(result) and "attnres convert --target tensorrt" in messages(result)
+
+
+def aggregate_norm_model(norm_type: int, source_type: int = TensorProto.FLOAT16) -> onnx.ModelProto:
+    """One compact-spelled AttnResAggregateNorm node over two ``[4, 8]`` sources."""
+    node = oh.make_node("AttnResAggregateNorm", ["sw", "nw", "x0", "x1"], ["y"], name="aggn0", domain="attnres",
+                        eps=1e-6, norm_eps=1e-5, has_aggregate=0, plugin_version="1", plugin_namespace="attnres")
+    inputs = [oh.make_tensor_value_info("sw", TensorProto.FLOAT, [8]), oh.make_tensor_value_info("nw", norm_type, [8]),
+              oh.make_tensor_value_info("x0", source_type, [4, 8]),
+              oh.make_tensor_value_info("x1", source_type, [4, 8])]
+    graph = oh.make_graph([node], "g", inputs, [oh.make_tensor_value_info("y", source_type, [4, 8])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("attnres", 1)])
+
+
+def test_aggregate_norm_takes_a_float32_norm_weight_beside_storage_typed_sources():
+    assert preflight(aggregate_norm_model(TensorProto.FLOAT), ATTNRES_CREATORS, (10, 8), LIBS).ok
+    result = preflight(aggregate_norm_model(TensorProto.FLOAT16), ATTNRES_CREATORS, (10, 8), LIBS)
+    assert not result.ok and "norm_weight is float16; the plugin takes float32" in messages(result)

@@ -37,6 +37,18 @@ def aggregate_model(n_sources: int = 2, eps: float | None = 1e-6, weight_len: in
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("attnres", 1)])
 
 
+def aggregate_norm_model(outputs: tuple[str, ...] = ("y",), norm_len: int = D, **attrs) -> onnx.ModelProto:
+    """``y[, h] = AttnResAggregateNorm(sw, nw, x, x)`` with declared shapes, bent as the arguments say."""
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, D])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, D])
+    weights = [numpy_helper.from_array(np.ones(D, np.float32), "sw"),
+               numpy_helper.from_array(np.ones(norm_len, np.float32), "nw")]
+    node = oh.make_node("AttnResAggregateNorm", ["sw", "nw", "x", "x"], list(outputs), name="agg",
+                        domain="attnres", **({"eps": 1e-6, "norm_eps": 1e-5} | attrs))
+    graph = oh.make_graph([node], "g", [x], [y], initializer=weights)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("attnres", 1)])
+
+
 def attention_model(inputs: list[str], **attrs) -> onnx.ModelProto:
     values = [oh.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 4]) for n in ("q", "k", "v")]
     out = oh.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 3, 4])
@@ -62,6 +74,13 @@ BAD_MODELS = {
     "compact-count": (lambda: attention_model(["q", "k", "v"], has_prev_scores=1, has_mask=0),
                       "presence attributes (has_prev_scores, has_mask) say 4"),
     "unknown-op": (lambda: aggregate_model(op_type="AttnResMystery"), "the attnres op set has no op 'AttnResMystery'"),
+    "norm-eps-negative": (lambda: aggregate_norm_model(norm_eps=-0.5), "attribute norm_eps is -0.5"),
+    "norm-weight-length": (lambda: aggregate_norm_model(norm_len=3),
+                           "norm_weight has length 3 but the sources' last dim is 4"),
+    "three-outputs": (lambda: aggregate_norm_model(("y", "h", "z")), "has 3 outputs; has at most 2"),
+    "no-y": (lambda: aggregate_norm_model(("", "h")), "missing output y"),
+    "compact-outputs": (lambda: aggregate_norm_model(("y",), has_aggregate=1),
+                        "presence attributes (has_aggregate) say 2"),
 }
 
 
@@ -113,6 +132,9 @@ def test_valid_nodes_of_both_ops_and_spellings_pass() -> None:
     assert attnres_node_problems(attention_model(["q", "k", "v"])) == []
     assert attnres_node_problems(attention_model(["q", "k", "v", "", "m"])) == []
     assert attnres_node_problems(attention_model(["q", "k", "v", "m"], has_prev_scores=0, has_mask=1)) == []
+    assert attnres_node_problems(aggregate_norm_model()) == []
+    assert attnres_node_problems(aggregate_norm_model(("y", "h"))) == []
+    assert attnres_node_problems(aggregate_norm_model(("y", "h"), has_aggregate=1)) == []
 
 
 def test_empty_and_non_onnx_files_are_graph_errors(tmp_path: Path) -> None:

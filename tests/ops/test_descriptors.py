@@ -16,6 +16,7 @@ from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
 from attnres_export.graphs.schemas import public_schema
 from attnres_export.graphs.targets import convert
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
+from attnres_export.ops.onnx_nodes import attribute
 
 PLUGINS = Path(__file__).resolve().parents[2] / "attnres_export" / "plugins"
 
@@ -23,6 +24,11 @@ EXAMPLES = {
     "AttnResAggregate": {
         "inputs": {"score_weight": [1000], "sources": [[1, 3, 1000], [1, 3, 1000], [1, 3, 1000]]},
         "attributes": {"eps": 1e-6},
+    },
+    "AttnResAggregateNorm": {
+        "inputs": {"score_weight": [1000], "norm_weight": [1000],
+                   "sources": [[1, 3, 1000], [1, 3, 1000], [1, 3, 1000]]},
+        "attributes": {"eps": 1e-6, "norm_eps": 1e-5},
     },
     "ResidualScoreAttention": {
         "inputs": {"q": [2, 3, 5, 8], "k": [2, 3, 7, 8], "v": [2, 3, 7, 6], "prev_scores": [2, 3, 5, 7],
@@ -102,3 +108,23 @@ def test_compact_and_onnx_spellings_round_trip_for_every_absent_optional_input(o
         assert not op.node_problems(node)
         op.expand(node)
         assert op.canonical_inputs(node) == canonical and not op.is_compact(node)
+
+
+@pytest.mark.parametrize("op_type", sorted(OPS))
+def test_compact_and_onnx_spellings_round_trip_with_and_without_each_optional_output(op_type: str) -> None:
+    op = OPS[op_type]
+    optional = [i for i, spec in enumerate(op.outputs) if spec.presence_attribute]
+    for dropped in [None, *optional]:
+        model, _ = single_node_model(op_type, TensorProto.FLOAT)
+        node = model.graph.node[0]
+        if dropped is not None:
+            node.output[dropped] = ""
+        listed = op.listed_outputs(node)
+        op.compact(node)
+        assert "" not in node.output and op.listed_outputs(node) == listed
+        assert not op.node_problems(node)
+        for position in optional:
+            assert attribute(node, op.outputs[position].presence_attribute) == int(position != dropped)
+        op.expand(node)
+        assert op.listed_outputs(node) == listed and not op.is_compact(node)
+        assert "" not in node.output
