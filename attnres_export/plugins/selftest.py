@@ -1,11 +1,14 @@
-"""GPU self-test of the AttnResAggregate and ResidualScoreAttention kernels: correctness, then speed.
+"""GPU self-test of the AttnResAggregate, AttnResAggregateNorm and ResidualScoreAttention kernels: correctness,
+then speed.
 
-``python -m attnres_export.plugins.selftest [--quick] [--op aggregate|rsa|all] [--json PATH] [--dry-run]``.
-Builds libattnres_kernels.so for the detected GPU, calls it through ctypes (no TensorRT). AttnResAggregate:
-checks every dtype and path (warp / block / two-sweep, vector / scalar) on fresh random inputs with a
-NaN-poisoned output, and times it next to a device-to-device copy of the same bytes and PyTorch eager.
-ResidualScoreAttention: see ``attnres_export.plugins.selftest_rsa``. Exit 0: all checks pass; 1: a mismatch;
-2: no GPU or the build failed.
+``python -m attnres_export.plugins.selftest [--quick] [--op aggregate|aggregate_norm|rsa|all] [--json PATH]
+[--dry-run]``. Builds libattnres_kernels.so for the detected GPU, calls it through ctypes (no TensorRT).
+AttnResAggregate: checks every dtype and path (warp / block / two-sweep, vector / scalar) on fresh random inputs
+with a NaN-poisoned output, and times it next to a device-to-device copy of the same bytes and PyTorch eager.
+AttnResAggregateNorm (correctness only): see ``attnres_export.plugins.selftest_aggregate_norm``.
+ResidualScoreAttention: see ``attnres_export.plugins.selftest_rsa``. Every table's title names the GPU
+(``sm_90 (NVIDIA H200)``), so runs on several architectures give one table each. Exit 0: all checks pass;
+1: a mismatch; 2: no GPU or the build failed.
 """
 
 from __future__ import annotations
@@ -25,9 +28,19 @@ from rich.console import Console
 from rich.table import Table
 
 from attnres_export.ops import attnres_aggregate_reference
-from attnres_export.plugins import selftest_rsa
+from attnres_export.plugins import selftest_aggregate_norm, selftest_rsa
 from attnres_export.plugins.build import PluginBuildError, build_plugins
-from attnres_export.plugins.selftest_common import DTYPES, passes
+from attnres_export.plugins.selftest_common import (
+    DTYPES,
+    correctness_table,
+    current_gpu_label,
+    error_metrics,
+    passes,
+    pointer_table,
+    random_sources,
+)
+
+AGGREGATE_OP = "AttnResAggregate"
 
 EPS = 1e-6
 L2_BYTES = 50 * 2**20
@@ -77,14 +90,6 @@ def performance_cases(quick: bool) -> list[Case]:
     return cases
 
 
-def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
-    """(relative L2, cosine, max abs error) of out against ref, in float64."""
-    o, r = out.double().flatten(), ref.double().flatten()
-    rel_l2 = float((o - r).norm() / r.norm().clamp_min(1e-300))
-    cosine = float(torch.dot(o, r) / (o.norm() * r.norm()).clamp_min(1e-300))
-    return rel_l2, cosine, float((o - r).abs().max())
-
-
 class Kernels:
     """ctypes binding of attnresAggregateLaunch."""
 
@@ -117,22 +122,8 @@ class Kernels:
 
 def make_inputs(case: Case, generator: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Random sources of different scales and a score weight giving logits of a few units (not a mean)."""
-    dtype = DTYPES[case.dtype][0]
     sw = torch.randn(case.d, device="cuda", generator=generator) * (3.0 / math.sqrt(case.d))
-    sources = []
-    for i in range(case.n):
-        scale = 0.5 + 1.5 * i / max(1, case.n - 1)
-        if case.misaligned:
-            flat = torch.randn(case.rows * case.d + 1, device="cuda", generator=generator) * scale
-            sources.append(flat.to(dtype)[1:].view(case.rows, case.d))
-        else:
-            sources.append((torch.randn(case.rows, case.d, device="cuda", generator=generator) * scale).to(dtype))
-    return sw, sources
-
-
-def pointer_table(sources: list[torch.Tensor]) -> ctypes.Array:
-    """Host array of device pointers, as the launcher takes it."""
-    return (ctypes.c_void_p * len(sources))(*[s.data_ptr() for s in sources])
+    return sw, random_sources(case.n, case.rows, case.d, case.dtype, case.misaligned, generator)
 
 
 def check_case(kernels: Kernels, case: Case, generator: torch.Generator) -> dict:
@@ -145,7 +136,8 @@ def check_case(kernels: Kernels, case: Case, generator: torch.Generator) -> dict
     unwritten = int(torch.isnan(out).sum())
     rel_l2, cosine, max_abs = error_metrics(out.float(), ref)
     ok = unwritten == 0 and passes(case.dtype, rel_l2, cosine)
-    return {**asdict(case), "rel_l2": rel_l2, "cosine": cosine, "max_abs": max_abs, "unwritten": unwritten, "ok": ok}
+    return {"op": AGGREGATE_OP, **asdict(case), "rel_l2": rel_l2, "cosine": cosine, "max_abs": max_abs,
+            "unwritten": unwritten, "ok": ok}
 
 
 def check_gold(kernels: Kernels) -> dict:
@@ -159,7 +151,8 @@ def check_gold(kernels: Kernels) -> dict:
     torch.cuda.synchronize()
     expected = torch.tensor([[0.98201379, 0.01798621, 0.0, 0.0]], device="cuda")
     err = float((out - expected).abs().max()) if status == 0 else float("nan")
-    return {"check": "gold D=4", "status": status, "max_abs": err, "ok": status == 0 and err < 1e-6}
+    return {"op": AGGREGATE_OP, "check": "gold D=4", "status": status, "max_abs": err,
+            "ok": status == 0 and err < 1e-6}
 
 
 def gpu_times_us(run, sets: int, iters: int) -> float:
@@ -229,15 +222,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="build folder (default: the plugin cache)")
     parser.add_argument(
         "--op",
-        choices=("aggregate", "rsa", "all"),
+        choices=("aggregate", "aggregate_norm", "rsa", "all"),
         default="all",
-        help="which kernel: AttnResAggregate, ResidualScoreAttention (rsa) or both (default)",
+        help="which kernel: AttnResAggregate, AttnResAggregateNorm (aggregate_norm, correctness only), "
+        "ResidualScoreAttention (rsa) or all three (default)",
     )
     return parser.parse_args(argv)
 
 
-def _perf_table(rows: list[dict]) -> Table:
-    table = Table(title="AttnResAggregate kernel vs copy of the same bytes and PyTorch eager")
+def _perf_table(rows: list[dict], gpu: str) -> Table:
+    table = Table(title=f"AttnResAggregate kernel vs copy of the same bytes and PyTorch eager on {gpu}")
     for col in ("n", "rows", "D", "dtype", "time us", "GB/s", "of copy", "vs eager"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -259,11 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     console = Console()
     aggregate, rsa = args.op in ("aggregate", "all"), args.op in ("rsa", "all")
+    norm = args.op in ("aggregate_norm", "all")
     checks, perf = (correctness_cases(args.quick), performance_cases(args.quick)) if aggregate else ([], [])
+    norm_checks = selftest_aggregate_norm.correctness_cases(args.quick) if norm else []
     rsa_checks = selftest_rsa.correctness_cases(args.quick) if rsa else []
     rsa_perf = selftest_rsa.performance_cases(args.quick) if rsa else []
     if args.dry_run:
-        for case in [*checks, *rsa_checks]:
+        for case in [*checks, *norm_checks, *rsa_checks]:
             console.print(f"check {case}", highlight=False, soft_wrap=True)
         for case in [*perf, *rsa_perf]:
             console.print(f"time  {case}", highlight=False, soft_wrap=True)
@@ -274,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     major, minor = torch.cuda.get_device_capability()
     arch = args.cuda_arch or f"{major}{minor}"
+    gpu = current_gpu_label()
     started = time.perf_counter()
     try:
         build = build_plugins(out_dir=args.out, cuda_archs=arch, kernels_only=True, console=console)
@@ -282,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console.print(
         f"built {build.kernels} for sm_{arch} in {time.perf_counter() - started:.1f}s"
-        f"{' (cached)' if build.cached else ''} on {torch.cuda.get_device_name()}",
+        f"{' (cached)' if build.cached else ''} on {gpu}",
         highlight=False,
     )
     kernels = Kernels(build.kernels)
@@ -293,12 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results.append(check_case(kernels, case, generator))
         except RuntimeError as exc:
-            results.append({**asdict(case), "error": str(exc), "ok": False})
+            results.append({"op": AGGREGATE_OP, **asdict(case), "error": str(exc), "ok": False})
         torch.cuda.empty_cache()
+    if norm:
+        results += selftest_aggregate_norm.run_checks(build.kernels, norm_checks, generator)
     if rsa:
-        results += selftest_rsa.run_checks(build.kernels, rsa_checks, generator)
+        results += [{"op": "ResidualScoreAttention", **r}
+                    for r in selftest_rsa.run_checks(build.kernels, rsa_checks, generator)]
     failures = [r for r in results if not r["ok"]]
-    console.print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", highlight=False)
+    console.print(correctness_table(results, gpu))
+    console.print(f"correctness on {gpu}: {len(results) - len(failures)}/{len(results)} passed", highlight=False)
     for r in failures:
         console.print(f"[red]FAIL[/] {r}", highlight=False)
 
@@ -307,17 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         timings.append(time_case(kernels, case, generator, args.quick))
         torch.cuda.empty_cache()
     if timings:
-        console.print(_perf_table(timings))
+        console.print(_perf_table(timings, gpu))
     for r in (t for t in timings if t["rows"] == 1):
         console.print(f"decode n={r['n']} D={r['d']} {r['dtype']}: {r['kernel_us']:.2f} us", highlight=False)
     rsa_timings = selftest_rsa.run_timings(build.kernels, rsa_perf, generator, args.quick, gpu_times_us)
     if rsa_timings:
-        console.print(selftest_rsa.perf_table(rsa_timings))
+        console.print(selftest_rsa.perf_table(rsa_timings, gpu))
     console.print(f"total {time.perf_counter() - started:.0f}s", highlight=False)
 
     if args.json:
         report = {
             "device": torch.cuda.get_device_name(),
+            "gpu": gpu,
             "arch": arch,
             "library": str(build.kernels),
             "correctness": results,

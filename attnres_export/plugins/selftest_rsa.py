@@ -334,8 +334,10 @@ def time_case(
     }
 
 
-def perf_table(rows: list[dict]) -> Table:
-    table = Table(title="ResidualScoreAttention kernel vs PyTorch eager reference (and SDPA, no scores, context)")
+def perf_table(rows: list[dict], gpu: str) -> Table:
+    """Timings of ``rows``; the title names ``gpu`` (``selftest_common.gpu_label``)."""
+    table = Table(title="ResidualScoreAttention kernel vs PyTorch eager reference (and SDPA, no scores, context) "
+                        f"on {gpu}")
     for col in ("B", "H", "T", "dh", "dtype", "kernel ms", "TFLOP/s", "eager ms", "vs eager", "SDPA ms"):
         table.add_column(col, justify="right")
     for r in rows:

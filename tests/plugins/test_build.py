@@ -30,7 +30,11 @@ def test_hash_changes_when_a_source_or_option_changes(tmp_path: Path) -> None:
     assert base != build.build_hash(None, "90", False, "nvcc", source_dir=src)
     kernel = src / "attnResAggregatePlugin" / "attnResAggregateKernel.cu"
     kernel.write_text(kernel.read_text() + "\n")
-    assert base != build.build_hash(None, "90", True, "nvcc", source_dir=src)
+    changed = build.build_hash(None, "90", True, "nvcc", source_dir=src)
+    assert base != changed
+    norm = src / "attnResAggregateNormPlugin" / "attnResAggregateNormKernel.cu"
+    norm.write_text(norm.read_text() + "\n")
+    assert changed != build.build_hash(None, "90", True, "nvcc", source_dir=src)
 
 
 def test_missing_cmake_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,9 +109,11 @@ def test_kernels_library_builds_for_sm80_to_sm90_and_exports_c_abi(kernels_build
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     assert "attnresAggregateLaunch" in exported
+    assert "attnresAggregateNormLaunch" in exported
     assert "residualScoreAttentionLaunch" in exported
     assert not any("residualScoreAttentionKernel" in name for name in exported), "kernels must stay hidden"
     assert not any("aggregateRegisterKernel" in name for name in exported), "kernels must stay hidden"
+    assert not any("rmsNormRowsKernel" in name for name in exported), "kernels must stay hidden"
     cuobjdump = shutil.which("cuobjdump") or str(Path(NVCC or "nvcc").with_name("cuobjdump"))
     if Path(cuobjdump).is_file():
         cubins = subprocess.run([cuobjdump, "--list-elf", str(lib)], capture_output=True, text=True, check=True)

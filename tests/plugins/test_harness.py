@@ -37,8 +37,18 @@ pytestmark = [
     ),
 ]
 
-PLUGIN_CASES = 7
-"""Node cases the harness runs: AttnResAggregate with 1, 3 and 256 sources; ResidualScoreAttention 3..5 inputs."""
+PLUGIN_CASES = 13
+"""Node cases the harness runs: AttnResAggregate with 1, 3 and 256 sources; AttnResAggregateNorm with 1, 3 and 256
+sources, each with has_aggregate 0 and 1; ResidualScoreAttention with 3..5 inputs."""
+
+PLUGINS = 3
+"""Creators in the one list: AttnResAggregate, AttnResAggregateNorm, ResidualScoreAttention."""
+
+CREATE_REFUSALS = 17
+"""createPlugin refusals: 4 AttnResAggregate, 9 AttnResAggregateNorm, 4 ResidualScoreAttention."""
+
+CONFIGURE_REFUSALS = 13
+"""configurePlugin refusals: 3 AttnResAggregate, 6 AttnResAggregateNorm, 4 ResidualScoreAttention."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +113,10 @@ def _count(lines: list[str], text: str, prefix: str = "PASS") -> int:
 
 
 def _assert_every_plugin_checked(lines: list[str]) -> None:
-    assert _count(lines, "2 creators registered") == 1
-    assert _count(lines, 'namespace argument "attnres" equals the creator\'s namespace') == 2
-    assert _count(lines, 'registry getCreator(name, "1", "attnres") finds the creator') == 2
-    assert _count(lines, "createPlugin refuses") == 8
+    assert _count(lines, f"{PLUGINS} creators registered") == 1
+    assert _count(lines, 'namespace argument "attnres" equals the creator\'s namespace') == PLUGINS
+    assert _count(lines, 'registry getCreator(name, "1", "attnres") finds the creator') == PLUGINS
+    assert _count(lines, "createPlugin refuses") == CREATE_REFUSALS
     for check in (
         "createPlugin(kBUILD) from the node's attributes",
         "interface kinds PLUGIN_V3ONE_CORE / BUILD (v1) / RUNTIME",
@@ -120,17 +130,34 @@ def _assert_every_plugin_checked(lines: list[str]) -> None:
         "attachToContext returns a new plugin",
         "onShapeChange with the run-time shapes",
         "enqueue with null buffers fails with a logged error",
+        "getWorkspaceSize = ",
     ):
         assert _count(lines, check) == PLUGIN_CASES, check
     without_gpu = _count(lines, "enqueue without a GPU") + _count(lines, "enqueue without a GPU", "SKIP")
     assert without_gpu == PLUGIN_CASES
-    assert _count(lines, "configurePlugin refuses it with a logged error") == 7
+    assert _count(lines, "configurePlugin refuses it with a logged error") == CONFIGURE_REFUSALS
+
+
+def _assert_aggregate_norm_checked(lines: list[str]) -> None:
+    """Both output counts of AttnResAggregateNorm, with h in the workspace (B=2 x T=5 x 64 float32) or an output."""
+    for sources in (1, 3, 256):
+        without, with_h = (f"AttnResAggregateNorm [{sources} sources, has_aggregate={h}]" for h in (0, 1))
+        assert _count(lines, f"{without}: getNbOutputs = 1") == 1
+        assert _count(lines, f"{without}: getWorkspaceSize = {2 * 5 * 64 * 4}") == 1
+        assert _count(lines, f"{with_h}: getNbOutputs = 2") == 1
+        assert _count(lines, f"{with_h}: getWorkspaceSize = 0") == 1
+        assert _count(lines, f"{with_h}: getOutputShapes = [B,T,64] [B,T,64]") == 1
+    for refusal in ("has_aggregate = 2", "norm_eps negative", "norm_eps missing"):
+        assert _count(lines, f"AttnResAggregateNorm: createPlugin refuses {refusal}") == 1
+    for bad in ("norm_weight not [D]", "no source", "h listed without has_aggregate"):
+        assert _count(lines, f"AttnResAggregateNorm [{bad}]: configurePlugin refuses it") == 1
 
 
 def test_static_library_through_the_harness(built: Built) -> None:
     assert built.libs.trt is not None
     lines = _run_harness(built, "static", built.libs.trt)
     _assert_every_plugin_checked(lines)
+    _assert_aggregate_norm_checked(lines)
     assert _count(lines, "dlopen(RTLD_LAZY | RTLD_LOCAL) loads it") == 1
     assert _count(lines, "errors were logged through getLogger()") == 1
 
@@ -139,6 +166,7 @@ def test_dynamic_library_through_the_harness(built: Built) -> None:
     assert built.libs.trt_dyn is not None
     lines = _run_harness(built, "dynamic", built.libs.trt_dyn)
     _assert_every_plugin_checked(lines)
+    _assert_aggregate_norm_checked(lines)
     assert _count(lines, "IPluginRegistry::loadLibrary loads it") == 1
     assert _count(lines, "loadLibrary handed setLoggerFinder a logger finder") == 1
     assert _count(lines, "errors were logged through the logger finder only") == 1
@@ -229,14 +257,14 @@ def test_static_library_loads_when_libnvinfer_is_rtld_local(built: Built, promot
     """The link fix: libattnres_trt.so needs libnvinfer.so.<major>, so it loads even with no global libnvinfer."""
     assert built.libs.trt is not None
     result = _load_in_fresh_python(built, built.libs.trt, promote)
-    assert result == {"loaded": True, "registrations": 2, "refused": 0}
+    assert result == {"loaded": True, "registrations": PLUGINS, "refused": 0}
 
 
 def test_dynamic_library_loads_twice_in_one_process(built: Built) -> None:
     """B12: the second plugin_library.load of the _dyn library is a no-op, not a failed loadLibrary."""
     assert built.libs.trt_dyn is not None
     result = _load_in_fresh_python(built, built.libs.trt_dyn, promote=True)
-    assert result == {"loaded": True, "registrations": 2, "refused": 0}
+    assert result == {"loaded": True, "registrations": PLUGINS, "refused": 0}
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler")

@@ -19,6 +19,7 @@ from attnres_export.plugins.build import SOURCE_DIR
 yaml = pytest.importorskip("yaml", reason="pyyaml is in the test extra")
 
 PLUGIN_DIR = SOURCE_DIR / "attnResAggregatePlugin"
+NORM_DIR = SOURCE_DIR / "attnResAggregateNormPlugin"
 RSA_DIR = SOURCE_DIR / "residualScoreAttentionPlugin"
 COMMON_DIR = SOURCE_DIR / "common"
 API_DIR = SOURCE_DIR / "api"
@@ -63,7 +64,11 @@ def _creator_list() -> list[str]:
 
 
 def test_there_are_plugin_folders() -> None:
-    assert {p.name for p in PLUGIN_FOLDERS} >= {"attnResAggregatePlugin", "residualScoreAttentionPlugin"}
+    assert {p.name for p in PLUGIN_FOLDERS} >= {
+        "attnResAggregatePlugin",
+        "attnResAggregateNormPlugin",
+        "residualScoreAttentionPlugin",
+    }
 
 
 def test_yaml_names_the_op_of_opset() -> None:
@@ -83,11 +88,15 @@ def test_cpp_source_uses_the_same_strings() -> None:
     common = (COMMON_DIR / "attnresPluginCommon.h").read_text()
     source = (PLUGIN_DIR / "attnResAggregatePlugin.cpp").read_text()
     kernel = (PLUGIN_DIR / "attnResAggregateKernel.h").read_text()
+    launcher = (COMMON_DIR / "attnresAggregateApi.h").read_text()
     assert f'kAGGREGATE_NAME{{"{opset.AGGREGATE}"}}' in header
     assert f'kAGGREGATE_VERSION{{"{opset.PLUGIN_VERSION}"}}' in header
     assert f'kPLUGIN_NAMESPACE{{"{opset.PLUGIN_NAMESPACE}"}}' in common
     assert 'kEPS_FIELD{"eps"}' in source
-    assert f"#define ATTNRES_MAX_SOURCES {opset.MAX_SOURCES}" in kernel
+    # The launcher's declaration is in common/ (the AttnResAggregateNorm launcher calls it too).
+    assert '#include "common/attnresAggregateApi.h"' in kernel
+    assert f"#define ATTNRES_MAX_SOURCES {opset.MAX_SOURCES}" in launcher
+    assert "attnresAggregateLaunch(" in launcher
 
 
 @pytest.mark.parametrize("folder", PLUGIN_FOLDERS, ids=lambda p: p.name)
@@ -173,12 +182,18 @@ SHARED_HELPERS = (
     "bool same(",
     "bool readFloat(",
     "bool readInt(",
+    "void readFloatField(",
+    "void requireFiniteNonNegative(",
+    "bool rowsAndWidth(",
+    "bool checkAggregateShapes(",
 )
 
 
 def test_shared_helpers_are_defined_once_in_common() -> None:
     common = (COMMON_DIR / "attnresPluginCommon.cpp").read_text()
-    defined = ("void logError(", "std::string dimsToString(", "bool compatible(", "bool readFloat(", "bool readInt(")
+    defined = ("void logError(", "std::string dimsToString(", "bool compatible(", "bool readFloat(", "bool readInt(",
+               "void readFloatField(", "void requireFiniteNonNegative(", "bool rowsAndWidth(",
+               "bool checkAggregateShapes(")
     for helper in defined:
         assert helper in common
     for folder in PLUGIN_FOLDERS:
@@ -221,3 +236,49 @@ def test_residual_attention_cpp_uses_the_same_strings() -> None:
     assert "residualScoreAttentionLaunch(" in kernel
     for name in ("README.md", "residualScoreAttentionKernel.cu"):
         assert (RSA_DIR / name).is_file()
+
+
+def test_aggregate_norm_yaml_names_the_op_of_opset() -> None:
+    config = yaml.safe_load((NORM_DIR / "AttnResAggregateNorm_PluginConfig.yaml").read_text())
+    assert config["name"] == opset.AGGREGATE_NORM == "AttnResAggregateNorm"
+    version = config["versions"][opset.PLUGIN_VERSION]
+    assert version["interface"] == "IPluginV3"
+    assert version["namespace"] == opset.PLUGIN_NAMESPACE
+    assert version["inputs"] == ["score_weight", "norm_weight", "sources"]
+    assert version["outputs"] == ["y", "h"]
+    assert version["attributes"] == ["eps", "norm_eps", "has_aggregate"]
+    assert version["attribute_types"] == {"eps": "float32", "norm_eps": "float32", "has_aggregate": "int32"}
+    # has_aggregate is a presence flag, as has_prev_scores / has_mask: optional, 0 or 1.
+    assert version["attributes_required"] == ["eps", "norm_eps"]
+    assert version["attribute_options"]["has_aggregate"] == [0, 1]
+    for name in ("eps", "norm_eps"):
+        assert version["attribute_options"][name] == {"min": "0.0", "max": "=pinf"}
+    for config_ in version["configs"].values():
+        types = config_["input_types"]
+        assert types["score_weight"] == types["norm_weight"] == "float32"
+        assert types["sources"] == config_["output_types"]["y"] == config_["output_types"]["h"]
+
+
+def test_aggregate_norm_cpp_uses_the_same_strings() -> None:
+    header = (NORM_DIR / "attnResAggregateNormPlugin.h").read_text()
+    source = (NORM_DIR / "attnResAggregateNormPlugin.cpp").read_text()
+    kernel = (NORM_DIR / "attnResAggregateNormKernel.h").read_text()
+    assert f'kAGGREGATE_NORM_NAME{{"{opset.AGGREGATE_NORM}"}}' in header
+    assert f'kAGGREGATE_NORM_VERSION{{"{opset.PLUGIN_VERSION}"}}' in header
+    for field in ("eps", "norm_eps", "has_aggregate"):
+        assert f'{{"{field}"}}' in source
+    assert "attnresAggregateNormLaunch(" in kernel
+    assert '#include "common/attnresAggregateApi.h"' in kernel
+    for name in ("README.md", "attnResAggregateNormKernel.cu"):
+        assert (NORM_DIR / name).is_file()
+
+
+def test_aggregate_norm_launcher_composes_the_aggregate_kernel() -> None:
+    """The correctness path calls the verified aggregate launcher; its only kernel of its own is the RMSNorm."""
+    cuda = (NORM_DIR / "attnResAggregateNormKernel.cu").read_text()
+    assert "attnresAggregateLaunch(" in cuda
+    kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", cuda)
+    assert kernels == ["rmsNormRowsKernel"]
+    readme = (NORM_DIR / "README.md").read_text()
+    assert "not yet verified" in readme
+    assert "python -m attnres_export.plugins.selftest --op aggregate_norm" in readme

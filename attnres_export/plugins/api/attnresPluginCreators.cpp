@@ -3,6 +3,7 @@
  */
 #include "api/attnresPluginCreators.h"
 
+#include "attnResAggregateNormPlugin/attnResAggregateNormPlugin.h"
 #include "attnResAggregatePlugin/attnResAggregatePlugin.h"
 #include "residualScoreAttentionPlugin/residualScoreAttentionPlugin.h"
 
@@ -28,6 +29,7 @@ nvinfer1::IPluginCreatorInterface* const* pluginCreators(int32_t& nbCreators) no
     // The one list of creators: one entry per plugin folder.
     static nvinfer1::IPluginCreatorInterface* const creators[] = {
         creatorInstance<AttnResAggregatePluginCreator>(),
+        creatorInstance<AttnResAggregateNormPluginCreator>(),
         creatorInstance<ResidualScoreAttentionPluginCreator>(),
     };
     nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));

@@ -6,10 +6,8 @@
 #include "attnResAggregatePlugin/attnResAggregateKernel.h"
 #include "common/attnresPluginCommon.h"
 
-#include <cmath>
 #include <cstring>
 #include <exception>
-#include <limits>
 #include <string>
 
 using nvinfer1::DataType;
@@ -50,31 +48,8 @@ bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
 //! Checks the operand shapes of one node; logs what is wrong and returns false on the first problem.
 bool checkShapes(Dims const* dims, int32_t nbInputs)
 {
-    std::string const node{std::string{kAGGREGATE_NAME} + ": "};
-    Dims const& first = dims[1];
-    if (first.nbDims < 1)
-    {
-        logError(node + "source 0 must have at least one dimension, got " + dimsToString(first));
-        return false;
-    }
-    for (int32_t i = 2; i < nbInputs; ++i)
-    {
-        if (!compatible(dims[i], first))
-        {
-            logError(node + "source " + std::to_string(i - 1) + " has shape " + dimsToString(dims[i])
-                + " but source 0 has " + dimsToString(first) + ": all sources must have the same shape");
-            return false;
-        }
-    }
-    Dims const& weight = dims[0];
-    int64_t const last = first.d[first.nbDims - 1];
-    if (weight.nbDims != 1 || (weight.d[0] >= 0 && last >= 0 && weight.d[0] != last))
-    {
-        logError(node + "score_weight has shape " + dimsToString(weight) + " but the sources' last dimension is "
-            + std::to_string(last) + ": score_weight must be [D]");
-        return false;
-    }
-    return true;
+    char const* const weights[] = {"score_weight"};
+    return checkAggregateShapes(kAGGREGATE_NAME, dims, nbInputs, weights, 1);
 }
 
 } // namespace
@@ -259,20 +234,14 @@ int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, Plugi
                 + ": enqueue before configurePlugin / onShapeChange: the number of sources is unknown");
             return -1;
         }
-        Dims const& dims = inputDesc[1].dims;
-        int64_t const d = dims.d[dims.nbDims - 1];
-        if (d > std::numeric_limits<int32_t>::max())
+        int64_t rows = 0;
+        int32_t d = 0;
+        if (!rowsAndWidth(kAGGREGATE_NAME, inputDesc[1].dims, rows, d))
         {
-            logError(std::string{kAGGREGATE_NAME} + ": last dimension " + std::to_string(d) + " exceeds int32");
             return -1;
         }
-        int64_t rows = 1;
-        for (int32_t i = 0; i + 1 < dims.nbDims; ++i)
-        {
-            rows *= dims.d[i];
-        }
         cudaError_t const status = attnresAggregateLaunch(static_cast<float const*>(inputs[0]), inputs + 1,
-            mNbSources, rows, static_cast<int32_t>(d), mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
+            mNbSources, rows, d, mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
         if (status != cudaSuccess)
         {
             logError(std::string{kAGGREGATE_NAME} + ": kernel launch failed: " + cudaGetErrorString(status));
@@ -349,17 +318,13 @@ IPluginV3* AttnResAggregatePluginCreator::createPlugin(
         for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
         {
             PluginField const& field = fc->fields[i];
-            if (field.name == nullptr || std::strcmp(field.name, kEPS_FIELD) != 0)
+            if (field.name != nullptr && std::strcmp(field.name, kEPS_FIELD) == 0)
             {
-                continue;
+                readFloatField(node, field, eps);
+                found = true;
             }
-            ATTNRES_PLUGIN_VALIDATE(field.length == 1 && field.data != nullptr, node + "field eps must hold one value");
-            ATTNRES_PLUGIN_VALIDATE(readFloat(field, eps), node + "field eps must be float32");
-            found = true;
         }
-        ATTNRES_PLUGIN_VALIDATE(found, node + "required field eps is missing");
-        ATTNRES_PLUGIN_VALIDATE(
-            std::isfinite(eps) && eps >= 0.F, node + "eps must be finite and >= 0, got " + std::to_string(eps));
+        requireFiniteNonNegative(node, kEPS_FIELD, found, eps);
         // The sources are inputs, not a field: configurePlugin / onShapeChange check their count (1..256).
         return new AttnResAggregatePlugin(eps);
     }

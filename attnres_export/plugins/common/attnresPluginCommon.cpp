@@ -6,6 +6,7 @@
 #include "common/attnresKernelApi.h"
 
 #include <atomic>
+#include <cmath>
 #include <limits>
 
 namespace attnres
@@ -103,6 +104,20 @@ bool readInt(nvinfer1::PluginField const& field, int32_t& value) noexcept
     return true;
 }
 
+void readFloatField(std::string const& node, nvinfer1::PluginField const& field, float& value)
+{
+    std::string const name{field.name != nullptr ? field.name : "?"};
+    ATTNRES_PLUGIN_VALIDATE(field.length == 1 && field.data != nullptr, node + "field " + name + " must hold one value");
+    ATTNRES_PLUGIN_VALIDATE(readFloat(field, value), node + "field " + name + " must be float32");
+}
+
+void requireFiniteNonNegative(std::string const& node, char const* name, bool found, float value)
+{
+    ATTNRES_PLUGIN_VALIDATE(found, node + "required field " + name + " is missing");
+    ATTNRES_PLUGIN_VALIDATE(std::isfinite(value) && value >= 0.F,
+        node + name + " must be finite and >= 0, got " + std::to_string(value));
+}
+
 int32_t kernelDtype(nvinfer1::DataType type) noexcept
 {
     switch (type)
@@ -117,6 +132,17 @@ int32_t kernelDtype(nvinfer1::DataType type) noexcept
 bool isKernelDataType(nvinfer1::DataType type) noexcept
 {
     return kernelDtype(type) >= 0;
+}
+
+size_t kernelElementSize(nvinfer1::DataType type) noexcept
+{
+    switch (type)
+    {
+    case nvinfer1::DataType::kFLOAT: return 4;
+    case nvinfer1::DataType::kHALF:
+    case nvinfer1::DataType::kBF16: return 2;
+    default: return 0;
+    }
 }
 
 std::string dimsToString(nvinfer1::Dims const& dims)
@@ -144,6 +170,62 @@ bool compatible(nvinfer1::Dims const& a, nvinfer1::Dims const& b) noexcept
     {
         if (!compatible(a.d[i], b.d[i]))
         {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool rowsAndWidth(char const* pluginName, nvinfer1::Dims const& dims, int64_t& rows, int32_t& d)
+{
+    if (dims.nbDims < 1)
+    {
+        logError(std::string{pluginName} + ": the sources have no dimension");
+        return false;
+    }
+    int64_t const last = dims.d[dims.nbDims - 1];
+    if (last > std::numeric_limits<int32_t>::max())
+    {
+        logError(std::string{pluginName} + ": last dimension " + std::to_string(last) + " exceeds int32");
+        return false;
+    }
+    rows = 1;
+    for (int32_t i = 0; i + 1 < dims.nbDims; ++i)
+    {
+        rows *= dims.d[i];
+    }
+    d = static_cast<int32_t>(last);
+    return true;
+}
+
+bool checkAggregateShapes(char const* pluginName, nvinfer1::Dims const* dims, int32_t nbInputs,
+    char const* const* weightNames, int32_t nbWeights)
+{
+    std::string const node{std::string{pluginName} + ": "};
+    nvinfer1::Dims const& first = dims[nbWeights];
+    if (first.nbDims < 1)
+    {
+        logError(node + "source 0 must have at least one dimension, got " + dimsToString(first));
+        return false;
+    }
+    for (int32_t i = nbWeights + 1; i < nbInputs; ++i)
+    {
+        if (!compatible(dims[i], first))
+        {
+            logError(node + "source " + std::to_string(i - nbWeights) + " has shape " + dimsToString(dims[i])
+                + " but source 0 has " + dimsToString(first) + ": all sources must have the same shape");
+            return false;
+        }
+    }
+    int64_t const last = first.d[first.nbDims - 1];
+    for (int32_t w = 0; w < nbWeights; ++w)
+    {
+        nvinfer1::Dims const& weight = dims[w];
+        if (weight.nbDims != 1 || !compatible(weight.d[0], last))
+        {
+            logError(node + weightNames[w] + " has shape " + dimsToString(weight)
+                + " but the sources' last dimension is " + std::to_string(last) + ": " + weightNames[w]
+                + " must be [D]");
             return false;
         }
     }

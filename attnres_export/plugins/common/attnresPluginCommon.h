@@ -11,6 +11,7 @@
 
 #include "NvInferRuntime.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
@@ -69,11 +70,22 @@ bool readFloat(nvinfer1::PluginField const& field, float& value) noexcept;
 //! One int8, int16, int32 or int64 value of a plugin field that fits int32; false otherwise.
 bool readInt(nvinfer1::PluginField const& field, int32_t& value) noexcept;
 
+//! Reads the float field `field` (named name) into value, as readFloat; throws PluginError
+//! "<node>field <name> must hold one value" / "... must be float32" (node: "<plugin name>: ").
+void readFloatField(std::string const& node, nvinfer1::PluginField const& field, float& value);
+
+//! Throws PluginError "<node>required field <name> is missing" unless found, then
+//! "<node><name> must be finite and >= 0, got <value>" unless it is.
+void requireFiniteNonNegative(std::string const& node, char const* name, bool found, float value);
+
 //! Kernel dtype code (AttnresDtype) of a TensorRT type, or -1 when the kernels do not take it.
 int32_t kernelDtype(nvinfer1::DataType type) noexcept;
 
 //! Whether the kernels store tensors of this type (float32, float16, bfloat16).
 bool isKernelDataType(nvinfer1::DataType type) noexcept;
+
+//! Bytes of one element of a type the kernels store; 0 for any other type.
+size_t kernelElementSize(nvinfer1::DataType type) noexcept;
 
 //! "[d0, d1, ...]".
 std::string dimsToString(nvinfer1::Dims const& dims);
@@ -83,6 +95,19 @@ bool compatible(int64_t a, int64_t b) noexcept;
 
 //! Same rank, and every extent compatible.
 bool compatible(nvinfer1::Dims const& a, nvinfer1::Dims const& b) noexcept;
+
+//! A tensor [..., D] seen as rows x D (rows: the product of the leading extents, 1 for rank 1); logs
+//! "<pluginName>: ..." and returns false for rank 0 or a D that does not fit int32.
+bool rowsAndWidth(char const* pluginName, nvinfer1::Dims const& dims, int64_t& rows, int32_t& d);
+
+/*
+ * The operands of a depth aggregation (AttnResAggregate, AttnResAggregateNorm): dims[0, nbWeights) are
+ * float32 weights [D] named weightNames[i], dims[nbWeights, nbInputs) the sources, of one shape [..., D]
+ * with rank >= 1 (extents of -1 are unknown and agree with anything). Logs the first problem as
+ * "<pluginName>: ..." and returns false; true when the shapes fit.
+ */
+bool checkAggregateShapes(char const* pluginName, nvinfer1::Dims const* dims, int32_t nbInputs,
+    char const* const* weightNames, int32_t nbWeights);
 
 } // namespace plugin
 } // namespace attnres

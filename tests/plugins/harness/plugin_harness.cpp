@@ -487,13 +487,16 @@ struct NodeCase
     std::vector<Shape> inputs;
     std::vector<std::vector<DataType>> expectedCombos; //!< every (inputs..., outputs...) type tuple accepted
     std::vector<std::string> expectedOutputShapes;     //!< exprsText of each output
+    int32_t nbOutputs{-1};                             //!< -1: the spec's nbOutputs
+    size_t workspace{0};                               //!< getWorkspaceSize for the first combination
 };
 
 struct BadConfig
 {
     std::string label;
     std::vector<Shape> inputs;
-    std::string logged; //!< a substring of the logged error
+    std::string logged;   //!< a substring of the logged error
+    int32_t nbOutputs{-1}; //!< -1: the spec's nbOutputs
 };
 
 struct BadFields
@@ -508,7 +511,7 @@ struct PluginSpec
 {
     std::string name;
     std::vector<std::pair<std::string, PluginFieldType>> fieldNames; //!< what getFieldNames must list
-    int32_t nbOutputs;
+    int32_t nbOutputs; //!< of every case that does not say, and of the bad configurations
     std::vector<NodeCase> cases;
     std::vector<BadConfig> badConfigs;
     std::vector<BadFields> badFields;
@@ -592,6 +595,71 @@ PluginSpec aggregateSpec()
         {"eps missing", {}, false, "required field eps is missing"},
         {"eps as INT", {{"eps", false, 1}}, false, "field eps must be float32"},
         {"eps negative", {{"eps", true, -1.0}}, false, "eps must be finite and >= 0"},
+        {"null field collection", {}, true, "required field eps is missing"},
+    };
+    spec.enqueueBeforeShapes = "number of sources is unknown";
+    return spec;
+}
+
+PluginSpec aggregateNormSpec()
+{
+    PluginSpec spec;
+    spec.name = "AttnResAggregateNorm";
+    spec.fieldNames = {{"eps", PluginFieldType::kFLOAT32}, {"norm_eps", PluginFieldType::kFLOAT32},
+        {"has_aggregate", PluginFieldType::kINT32}};
+    spec.nbOutputs = 1;
+    for (int32_t sources : {1, 3, 256})
+    {
+        for (int32_t hasAggregate : {0, 1})
+        {
+            NodeCase c;
+            c.label = std::to_string(sources) + " sources, has_aggregate=" + std::to_string(hasAggregate);
+            c.attributes = {{"eps", true, 1e-6}, {"norm_eps", true, 1e-5}, {"has_aggregate", false, 1.0 * hasAggregate}};
+            c.inputs.push_back({num(64)});
+            c.inputs.push_back({num(64)});
+            for (int32_t i = 0; i < sources; ++i)
+            {
+                c.inputs.push_back({sym("B", 2), sym("T", 5), num(64)});
+            }
+            for (DataType t : kKernelTypes)
+            {
+                std::vector<DataType> combo{DataType::kFLOAT, DataType::kFLOAT};
+                combo.insert(combo.end(), static_cast<size_t>(sources), t);
+                combo.insert(combo.end(), static_cast<size_t>(1 + hasAggregate), t);
+                c.expectedCombos.push_back(combo);
+            }
+            c.expectedOutputShapes.assign(static_cast<size_t>(1 + hasAggregate), "[B,T,64]");
+            c.nbOutputs = 1 + hasAggregate;
+            // h in a workspace when it is no output: B * T * 64 float32 (the first combination) at the max shape.
+            c.workspace = hasAggregate != 0 ? 0 : size_t{2} * 5 * 64 * sizeof(float);
+            spec.cases.push_back(c);
+        }
+    }
+    Shape const source{sym("B", 2), sym("T", 5), num(64)};
+    spec.badConfigs = {
+        {"sources of different shapes", {{num(64)}, {num(64)}, source, {sym("B", 2), num(7), num(32)}},
+            "all sources must have the same shape"},
+        {"score_weight not [D]", {{num(32)}, {num(64)}, source}, "score_weight must be [D]"},
+        {"norm_weight not [D]", {{num(64)}, {num(63)}, source}, "norm_weight must be [D]"},
+        {"norm_weight of rank 2", {{num(64)}, {num(1), num(64)}, source}, "norm_weight must be [D]"},
+        {"no source", {{num(64)}, {num(64)}}, "expects score_weight, norm_weight and 1..256 sources"},
+        {"h listed without has_aggregate", {{num(64)}, {num(64)}, source}, "1 output(s) (has_aggregate=0), got 3 inputs and 2",
+            2},
+    };
+    std::vector<Attribute> const good{{"eps", true, 1e-6}, {"norm_eps", true, 1e-5}};
+    spec.badFields = {
+        {"eps missing", {{"norm_eps", true, 1e-5}}, false, "required field eps is missing"},
+        {"norm_eps missing", {{"eps", true, 1e-6}}, false, "required field norm_eps is missing"},
+        {"eps negative", {{"eps", true, -1.0}, {"norm_eps", true, 1e-5}}, false, "eps must be finite and >= 0"},
+        {"norm_eps negative", {{"eps", true, 1e-6}, {"norm_eps", true, -1e-5}}, false,
+            "norm_eps must be finite and >= 0"},
+        {"norm_eps infinite", {{"eps", true, 1e-6}, {"norm_eps", true, 1e300}}, false,
+            "norm_eps must be finite and >= 0"},
+        {"norm_eps as INT", {{"eps", true, 1e-6}, {"norm_eps", false, 1.0}}, false, "field norm_eps must be float32"},
+        {"has_aggregate = 2", {good[0], good[1], {"has_aggregate", false, 2.0}}, false,
+            "field has_aggregate must be one int32 of 0 or 1"},
+        {"has_aggregate = -1", {good[0], good[1], {"has_aggregate", false, -1.0}}, false,
+            "field has_aggregate must be one int32 of 0 or 1"},
         {"null field collection", {}, true, "required field eps is missing"},
     };
     spec.enqueueBeforeShapes = "number of sources is unknown";
@@ -856,7 +924,8 @@ private:
 
         int32_t const nbInputs = static_cast<int32_t>(node.inputs.size());
         int32_t const nbOutputs = in.build->getNbOutputs();
-        check(nbOutputs == spec.nbOutputs, scope, "getNbOutputs = " + std::to_string(spec.nbOutputs),
+        int32_t const expectedOutputs = node.nbOutputs >= 0 ? node.nbOutputs : spec.nbOutputs;
+        check(nbOutputs == expectedOutputs, scope, "getNbOutputs = " + std::to_string(expectedOutputs),
             std::to_string(nbOutputs));
 
         // Output types for every type the kernels take (the first accepted combination of each).
@@ -939,8 +1008,9 @@ private:
             int32_t const status = in.build->configurePlugin(inDesc.data(), nbInputs, outDesc.data(), nbOutputs);
             check(status == 0, scope, "configurePlugin with dynamic extents " + shapeText(node.inputs.back()),
                 "status " + std::to_string(status) + "; " + logText());
-            check(in.build->getWorkspaceSize(inDesc.data(), nbInputs, outDesc.data(), nbOutputs) == 0, scope,
-                "getWorkspaceSize = 0");
+            size_t const workspace = in.build->getWorkspaceSize(inDesc.data(), nbInputs, outDesc.data(), nbOutputs);
+            check(workspace == node.workspace, scope, "getWorkspaceSize = " + std::to_string(node.workspace),
+                std::to_string(workspace));
         }
 
         OwnedFields serialized;
@@ -1041,14 +1111,25 @@ private:
             skip(scope, "enqueue without a GPU", "a GPU is present (the launch would run on made-up pointers)");
             return;
         }
-        std::vector<float> scratch(64, 0.F);
-        std::vector<void const*> fakeInputs(static_cast<size_t>(nbInputs), scratch.data());
-        std::vector<void*> fakeOutputs(static_cast<size_t>(nbOutputs), scratch.data());
+        // Distinct host buffers for every input, output and the workspace, so that the launcher's argument
+        // checks (non-null, outputs that must not alias) pass and the failure is the CUDA runtime's.
+        std::vector<std::vector<float>> scratch(static_cast<size_t>(nbInputs + nbOutputs + 1), std::vector<float>(64));
+        std::vector<void const*> fakeInputs;
+        std::vector<void*> fakeOutputs;
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            fakeInputs.push_back(scratch[static_cast<size_t>(i)].data());
+        }
+        for (int32_t o = 0; o < nbOutputs; ++o)
+        {
+            fakeOutputs.push_back(scratch[static_cast<size_t>(nbInputs + o)].data());
+        }
         takeLog();
-        status = run.runtime->enqueue(inDesc.data(), outDesc.data(), fakeInputs.data(), fakeOutputs.data(), nullptr,
-            nullptr);
+        status = run.runtime->enqueue(inDesc.data(), outDesc.data(), fakeInputs.data(), fakeOutputs.data(),
+            scratch.back().data(), nullptr);
         says = loggedError(takeLog(), spec.name + ": kernel launch failed", logged);
-        check(status != 0 && says, scope, "enqueue without a GPU fails with the CUDA error logged",
+        bool const refusedArguments = logged.find("invalid argument") != std::string::npos;
+        check(status != 0 && says && !refusedArguments, scope, "enqueue without a GPU fails with the CUDA error logged",
             "status " + std::to_string(status) + "; " + logged);
     }
 
@@ -1059,7 +1140,8 @@ private:
         {
             std::string const scope = spec.name + " [" + bad.label + "]";
             OwnedFields fields;
-            // ResidualScoreAttention: leave has_* to inference so that only the shapes are wrong.
+            // Without the has_* fields, so that only the shapes are wrong: ResidualScoreAttention infers the
+            // roles, AttnResAggregateNorm takes has_aggregate = 0 (one output).
             std::vector<Attribute> attributes;
             for (Attribute const& a : node.attributes)
             {
@@ -1076,7 +1158,7 @@ private:
             }
             Interfaces const in = interfacesOf(plugin.get());
             int32_t const nbInputs = static_cast<int32_t>(bad.inputs.size());
-            int32_t const nbOutputs = spec.nbOutputs;
+            int32_t const nbOutputs = bad.nbOutputs >= 0 ? bad.nbOutputs : spec.nbOutputs;
             std::vector<DataType> types(bad.inputs.size() + static_cast<size_t>(nbOutputs), DataType::kFLOAT);
             std::vector<Shape> outputs(static_cast<size_t>(nbOutputs), Shape{num(1)});
             auto inDesc = describe(bad.inputs, types);
@@ -1154,7 +1236,7 @@ int main(int argc, char** argv)
     }
 
     int32_t const registered = attnresStandinRegistrations() - before;
-    check(registered == 2 && attnresStandinRefusedRegistrations() == 0, scope, "2 creators registered",
+    check(registered == 3 && attnresStandinRefusedRegistrations() == 0, scope, "3 creators registered",
         std::to_string(registered) + " registered, " + std::to_string(attnresStandinRefusedRegistrations()) + " refused");
     for (int32_t i = before; i < attnresStandinRegistrations(); ++i)
     {
@@ -1174,6 +1256,7 @@ int main(int argc, char** argv)
 
     Harness harness{fileExists("/dev/nvidiactl")};
     harness.run(aggregateSpec());
+    harness.run(aggregateNormSpec());
     harness.run(rsaSpec());
 
     if (mode == "static")
