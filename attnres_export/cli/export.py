@@ -52,6 +52,9 @@ def export(
     )] = False,
     past: Annotated[str | None, typer.Option(
         help="With --with-past: past length range MIN:OPT:MAX, MIN may be 0 [0:63:max_seq_len-1].")] = None,
+    fuse_norm: Annotated[bool, typer.Option(
+        "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
+                            "(its TensorRT kernel is not yet verified on a GPU).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
@@ -63,7 +66,7 @@ def export(
     opts = ExportOptions(
         checkpoint=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
-        with_past=with_past, past=parse_past_range(past),
+        with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm,
     )
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)

@@ -6,6 +6,7 @@ import gc
 import json
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
+from attnres_export.models.attnres_lm import AttnResLM
 from attnres_export.models.checkpoint import model_as, stored_as
 from attnres_export.models.config import ModelConfig
 from attnres_export.ops.opset import OPSET_VERSION
@@ -54,6 +56,8 @@ class ExportOptions:
     with_past: bool = False
     """Export the KV-cache graph (docs/decode.md): past_key_values in, presents out."""
     past: DimRange | None = None
+    fuse_norm: bool = False
+    """Export each aggregation and the RMSNorm after it as one AttnResAggregateNorm node."""
 
     def resolved_output(self) -> Path:
         if self.output is not None:
@@ -164,6 +168,9 @@ def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn
 
 def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
          opts: ExportOptions) -> _Job:
+    if opts.fuse_norm and not (isinstance(traced, AttnResLM) and traced.aggregation_count()):
+        raise ExportError(f"--fuse-norm: this {cfg.arch} model has no depth aggregations to fuse with their norm; "
+                          "drop --fuse-norm")
     if opts.with_past:
         return _with_past_job(traced, reference_model, cfg, opts)
     if opts.past is not None:
@@ -210,7 +217,8 @@ def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.
         return (past_feed_maker(reference, opts.dtype, opts.seed),
                 TorchRunner(WithPastFeeds(reference), reference.output_names()), None)
 
-    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed)[0], dynamic,
+    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
+                                                 opts.fuse_norm)[0], dynamic,
                 metadata, traced.fused_node_count(), check_shapes_with_past(ranges), reference_model, checks,
                 {"with_past": True, "shapes": "batch x seq x past"})
 
@@ -283,7 +291,7 @@ def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}
-    with export_model.score_weights_folded():
+    with export_model.score_weights_folded(), export_model.norms_fused() if opts.fuse_norm else nullcontext():
         return export_module(export_model, example, dynamic, list(model.output_names), opts.opset)
 
 

@@ -91,6 +91,9 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
     if opts.with_past or opts.past is not None:
         raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
                           f"{opts.checkpoint.name} is a foreign model ({kind}), which is exported as it is")
+    if opts.fuse_norm:
+        raise ExportError(f"--fuse-norm: only attnres checkpoints are exported with fused norms; "
+                          f"{opts.checkpoint.name} is a foreign model ({kind}); drop --fuse-norm")
     validate_options(opts)
     check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
     if opts.dtype != "float32" and kind == "onnx":

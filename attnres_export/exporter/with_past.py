@@ -9,6 +9,7 @@ traced at a past length of at least 2 with ``Dim("past", min=0)`` (docs/exporter
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import numpy as np
 import onnx_ir as ir
@@ -47,10 +48,11 @@ def _trace(rng: DimRange) -> int:
     return min(max(rng.opt, 2), rng.max)
 
 
-def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int
-                     ) -> tuple[ir.Model, AttnResLMWithPast]:
-    """Trace the with-past wrapper of ``model`` in ``dtype`` (score weights folded; a copy only when the weights are
-    stored in another type) and return the ONNX model and the wrapper of ``model`` itself (the reference)."""
+def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int,
+                     fuse_norm: bool = False) -> tuple[ir.Model, AttnResLMWithPast]:
+    """Trace the with-past wrapper of ``model`` in ``dtype`` (score weights folded, and aggregations fused with
+    their norms when ``fuse_norm``; a copy only when the weights are stored in another type) and return the ONNX
+    model and the wrapper of ``model`` itself (the reference)."""
     if not isinstance(model, AttnResLM):
         raise ExportError(f"--with-past: only attnres-lm checkpoints have a KV cache, this is {type(model).__name__}")
     register_schemas()
@@ -71,7 +73,7 @@ def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, 
         "position_ids": {0: dims["batch"], 1: dims["seq"]},
         "past": [{0: dims["batch"], 2: dims["past"]} for _ in past],
     }
-    with export_model.score_weights_folded():
+    with export_model.score_weights_folded(), export_model.norms_fused() if fuse_norm else nullcontext():
         program = quiet_torch_onnx_export(
             wrapper, (ids, mask, positions, past), custom_translation_table=translation_table(),
             dynamic_shapes=dynamic_shapes, input_names=wrapper.input_names(), output_names=wrapper.output_names(),

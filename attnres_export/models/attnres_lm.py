@@ -18,6 +18,7 @@ from torch import nn
 
 from attnres_export.models.config import ModelConfig
 from attnres_export.ops.aggregate import attnres_aggregate
+from attnres_export.ops.aggregate_norm import attnres_aggregate_norm
 from attnres_export.ops.precision import at_least_float32
 
 ROPE_THETA = 10000.0
@@ -76,8 +77,15 @@ class DepthAggregation(KeepFloat32):
         self.score_weight = self.compute_score_weight().detach().clone()
 
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
-        sw = self.score_weight if self.score_weight is not None else self.compute_score_weight()
-        return attnres_aggregate(sw, sources, self.eps)
+        return attnres_aggregate(self._score_weight(), sources, self.eps)
+
+    def normalized(self, sources: list[torch.Tensor], norm: RMSNorm) -> torch.Tensor:
+        """``norm(self(sources))`` as one ``attnres::aggregate_norm`` op (the same math)."""
+        return attnres_aggregate_norm(self._score_weight(), at_least_float32(norm.weight), sources, self.eps,
+                                      norm.eps)
+
+    def _score_weight(self) -> torch.Tensor:
+        return self.score_weight if self.score_weight is not None else self.compute_score_weight()
 
 
 class Rotary(KeepFloat32):
@@ -204,6 +212,8 @@ class AttnResLM(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.max_seq_len, cfg.head_dim)
+        self.fuse_norms = False
+        """Compute each aggregation and the RMSNorm that reads it as one ``attnres::aggregate_norm`` op."""
 
     def sublayers(self):
         """(aggregation, prenorm, function) per sublayer, in order attn_0, mlp_0, attn_1, ..."""
@@ -215,7 +225,7 @@ class AttnResLM(nn.Module):
         cos, sin = self.rotary(input_ids.shape[1])
         h = self.embed(input_ids)
         x = self._standard(h, cos, sin) if self.config.residual == "standard" else self._attnres(h, cos, sin)
-        return at_least_float32(self.lm_head(self.norm(x)))
+        return at_least_float32(self.lm_head(x))
 
     def forward_with_past(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                           past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -240,7 +250,7 @@ class AttnResLM(nn.Module):
             x = self._standard(h, cos, sin, cache)
         else:
             x = self._attnres(h, cos, sin, cache)
-        return at_least_float32(self.lm_head(self.norm(x))), cache.presents
+        return at_least_float32(self.lm_head(x)), cache.presents
 
     def _run(self, fn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              cache: _KVStep | None = None) -> torch.Tensor:
@@ -252,23 +262,39 @@ class AttnResLM(nn.Module):
                   ) -> torch.Tensor:
         for _, prenorm, fn in self.sublayers():
             h = h + self._run(fn, prenorm(h), cos, sin, cache)
-        return h
+        return self.norm(h)
 
     def _attnres(self, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _KVStep | None = None
                  ) -> torch.Tensor:
-        """Block AttnRes (docs/models.md#block-attnres); ``block_size = 0`` is Full AttnRes (one block per sublayer)."""
+        """Block AttnRes (docs/models.md#block-attnres); ``block_size = 0`` is Full AttnRes (one block per sublayer).
+        Returns the final normalized representation."""
         size = self.config.block_size or 1
         last = self.config.n_sublayers - 1
         blocks: list[torch.Tensor] = [emb]
         partial: torch.Tensor | None = None
         for j, (aggregation, prenorm, fn) in enumerate(self.sublayers()):
             sources = blocks if partial is None else [*blocks, partial]
-            u = self._run(fn, prenorm(aggregation(sources)), cos, sin, cache)
+            u = self._run(fn, self._normalized(aggregation, sources, prenorm), cos, sin, cache)
             partial = u if partial is None else partial + u
             if (j + 1) % size == 0 or j == last:
                 blocks.append(partial)
                 partial = None
-        return self.out_res(blocks)
+        return self._normalized(self.out_res, blocks, self.norm)
+
+    def _normalized(self, aggregation: DepthAggregation, sources: list[torch.Tensor], norm: RMSNorm) -> torch.Tensor:
+        if self.fuse_norms:
+            return aggregation.normalized(sources, norm)
+        return norm(aggregation(sources))
+
+    @contextmanager
+    def norms_fused(self) -> Iterator[None]:
+        """Inside, every aggregation and the RMSNorm after it run as one ``attnres::aggregate_norm`` op, so an
+        export holds one AttnResAggregateNorm node per aggregation (docs/op-set.md#attnresaggregatenorm)."""
+        self.fuse_norms = True
+        try:
+            yield
+        finally:
+            self.fuse_norms = False
 
     @contextmanager
     def score_weights_folded(self) -> Iterator[None]:
@@ -292,7 +318,7 @@ class AttnResLM(nn.Module):
         return 0 if self.config.residual == "standard" else self.config.n_sublayers + 1
 
     def fused_node_count(self) -> int:
-        """attnres nodes an export holds: one AttnResAggregate per aggregation."""
+        """attnres nodes an export holds: one AttnResAggregate (or AttnResAggregateNorm) per aggregation."""
         return self.aggregation_count()
 
 

@@ -15,7 +15,8 @@ from attnres_export.backends import plugin_library
 
 FAKE_ROOT = Path(__file__).parent / "fake_tensorrt"
 FAKE_VERSIONS = ("10.3.0", "10.16.0", "11.1.0")
-ATTNRES_CREATORS = [("AttnResAggregate", "1", "attnres"), ("ResidualScoreAttention", "1", "attnres")]
+ATTNRES_CREATORS = [("AttnResAggregate", "1", "attnres"), ("AttnResAggregateNorm", "1", "attnres"),
+                    ("ResidualScoreAttention", "1", "attnres")]
 
 
 @pytest.fixture(params=FAKE_VERSIONS)

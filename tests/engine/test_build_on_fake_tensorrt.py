@@ -138,3 +138,15 @@ def test_cli_build_with_embed_plugin_reports_the_plugin_embedded(fake_trt, libra
                                       str(libraries.trt_dyn), "--embed-plugin"])
     assert result.exit_code == 0, result.output
     assert "plugin embedded" in result.output and "as plugin: node_aggregate," in result.output
+
+
+def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fake_trt, libraries, block2_checkpoint,
+                                                                             tmp_path):
+    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+
+    onnx_path = tmp_path / "n.onnx"
+    export_checkpoint(ExportOptions(block2_checkpoint, onnx_path, dtype="float16", batch=DimRange(1, 2, 4),
+                                    seq=DimRange(1, 16, 64), check=False, fuse_norm=True))
+    manifest = build_engine(BuildOptions(onnx_path, tmp_path / "n.engine", plugin=libraries.trt)).manifest
+    assert manifest.plugin_nodes == [name.replace("aggregate", "aggregate_norm") for name in AGGREGATIONS]
+    assert manifest.inlined_nodes == [] and manifest.unknown_nodes == []

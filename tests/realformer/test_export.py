@@ -132,3 +132,11 @@ def test_cli_example_writes_a_realformer_and_refuses_attnres_options(tmp_path) -
                 ["--running-mean"]):
         result = runner.invoke(app, ["example", str(tmp_path / "bad.pt"), *bad])
         assert result.exit_code == 1 and not (tmp_path / "bad.pt").exists(), result.output
+
+
+def test_fuse_norm_on_a_realformer_checkpoint_is_one_line_error(realformer_checkpoint, tmp_path) -> None:
+    out = tmp_path / "r.onnx"
+    result = CliRunner().invoke(app, ["export", str(realformer_checkpoint), "-o", str(out), "--fuse-norm"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "realformer model has no depth aggregations" in lines[0] and not out.exists()
