@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -114,11 +115,31 @@ def test_kernels_library_builds_for_sm80_to_sm90_and_exports_c_abi(kernels_build
     assert not any("residualScoreAttentionKernel" in name for name in exported), "kernels must stay hidden"
     assert not any("aggregateRegisterKernel" in name for name in exported), "kernels must stay hidden"
     assert not any("rmsNormRowsKernel" in name for name in exported), "kernels must stay hidden"
+    _assert_cubins(lib, ("sm_80", "sm_86", "sm_89", "sm_90"))
+
+
+def _assert_cubins(lib: Path, archs: tuple[str, ...]) -> None:
+    """Each arch has its SASS in ``lib``, where the toolkit has cuobjdump to list them."""
     cuobjdump = shutil.which("cuobjdump") or str(Path(NVCC or "nvcc").with_name("cuobjdump"))
     if Path(cuobjdump).is_file():
         cubins = subprocess.run([cuobjdump, "--list-elf", str(lib)], capture_output=True, text=True, check=True)
-        for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
+        for arch in archs:
             assert arch in cubins.stdout
+
+
+@pytest.mark.slow
+def test_kernels_library_builds_for_the_edge_preset_jetson_orin_and_thor(tmp_path: Path) -> None:
+    if NVCC is None or shutil.which("cmake") is None:
+        pytest.skip("nvcc or cmake not found (install the CUDA toolkit and cmake to compile the kernels)")
+    result = build.build_plugins(out_dir=tmp_path, cuda_archs="edge", kernels_only=True)
+    assert result.kernels.is_file()
+    info = json.loads((tmp_path / "build-info.json").read_text())
+    assert info["cuda_archs"] == build.normalize_archs("edge") and info["cuda_archs"].startswith("87-real")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(result.kernels)], capture_output=True, text=True,
+                             check=True).stdout
+    for launcher in ("attnresAggregateLaunch", "attnresAggregateNormLaunch", "residualScoreAttentionLaunch"):
+        assert launcher in symbols
+    _assert_cubins(result.kernels, ("sm_87",))
 
 
 @pytest.mark.slow
