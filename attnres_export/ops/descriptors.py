@@ -287,14 +287,18 @@ def _aggregate_translation(op, plugin: dict[str, str]):
 
 
 def _aggregate_shapes(shapes: list[Shape]) -> str | None:
-    weight, sources = shapes[0], shapes[1:]
+    return _vector_problem("score_weight", shapes[0], shapes[1:])
+
+
+def _vector_problem(name: str, weight: Shape, sources: list[Shape]) -> str | None:
+    """A problem with a ``[D]`` weight of an aggregation whose sources have ``shapes``, or None."""
     if weight is None:
         return None
     if len(weight) != 1:
-        return f"score_weight has rank {len(weight)}; it must be [D]"
+        return f"{name} has rank {len(weight)}; it must be [D]"
     dims = {s[-1] for s in sources if s and s[-1] is not None}
     if weight[0] is not None and dims and dims != {weight[0]}:
-        return f"score_weight has length {weight[0]} but the sources' last dim is {', '.join(map(str, sorted(dims)))}"
+        return f"{name} has length {weight[0]} but the sources' last dim is {', '.join(map(str, sorted(dims)))}"
     return None
 
 
@@ -307,16 +311,8 @@ def _aggregate_norm_translation(op, plugin: dict[str, str]):
 
 
 def _aggregate_norm_shapes(shapes: list[Shape]) -> str | None:
-    problem = _aggregate_shapes([shapes[0], *shapes[2:]])
-    if problem is not None or shapes[1] is None:
-        return problem
-    norm = shapes[1]
-    if len(norm) != 1:
-        return f"norm_weight has rank {len(norm)}; it must be [D]"
-    dims = {s[-1] for s in [shapes[0], *shapes[2:]] if s and s[-1] is not None}
-    if norm[0] is not None and dims and dims != {norm[0]}:
-        return f"norm_weight has length {norm[0]} but the sources' last dim is {', '.join(map(str, sorted(dims)))}"
-    return None
+    sources = shapes[2:]
+    return _vector_problem("score_weight", shapes[0], sources) or _vector_problem("norm_weight", shapes[1], sources)
 
 
 def _attention_translation(op, plugin: dict[str, str]):
