@@ -10,6 +10,7 @@ Run from the repository root:
     python benchmarks/export_memory.py                              # 1.44B parameters, float16
     python benchmarks/export_memory.py --layers 4 --d-model 512     # a quick run
     python benchmarks/export_memory.py --stored float32             # a float32 checkpoint exported to float16
+    python benchmarks/export_memory.py --folder                     # a config.json + safetensors folder
 Pass ``-- --no-check`` style extra arguments after ``--`` to hand them to ``attnres-export``.
 """
 
@@ -31,6 +32,7 @@ from rich.table import Table
 from attnres_export.dtypes import torch_dtype
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
+from attnres_export.models.hf_folder import save_folder
 
 CHILD = """
 import json, sys, time
@@ -63,10 +65,14 @@ def run_child(*args: str) -> dict:
     return {**summary, "stdout": done.stdout}
 
 
-def write_checkpoint(cfg: ModelConfig, dtype: str, path: Path) -> int:
-    """A random checkpoint of ``cfg`` with weights stored in ``dtype``; returns the parameter count."""
+def write_checkpoint(cfg: ModelConfig, dtype: str, path: Path, folder: bool = False) -> int:
+    """A random checkpoint of ``cfg`` with weights stored in ``dtype`` (a ``.pt``, or a safetensors folder);
+    returns the parameter count."""
     model = make_example(cfg).to(torch_dtype(dtype))
-    save_checkpoint(model, cfg, path)
+    if folder:
+        save_folder(model.state_dict(), cfg, path)
+    else:
+        save_checkpoint(model, cfg, path)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -80,6 +86,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=4, help="sublayers per block, 0 for Full AttnRes")
     parser.add_argument("--dtype", default="float16", help="type of the export (and of the checkpoint)")
     parser.add_argument("--stored", default=None, help="store the checkpoint in this type instead [--dtype]")
+    parser.add_argument("--folder", action="store_true", help="write a config.json + safetensors folder, not a .pt")
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and ONNX go [a temp dir]")
     parser.add_argument("extra", nargs="*", help="more attnres-export arguments (after --)")
     args = parser.parse_args()
@@ -87,13 +94,14 @@ def main() -> None:
                       d_ff=args.d_ff, block_size=args.block_size, max_seq_len=512)
     console = Console()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        ckpt = Path(tmp) / "model.pt"
+        ckpt = Path(tmp) / ("model" if args.folder else "model.pt")
         stored = args.stored or args.dtype
         with console.status(f"writing a random {stored} checkpoint"):
             started = time.perf_counter()
-            params = write_checkpoint(cfg, stored, ckpt)
-        console.print(f"checkpoint: {params / 1e9:.2f}B parameters, {ckpt.stat().st_size / 2**30:.2f} GiB "
-                      f"({time.perf_counter() - started:.0f} s to write)")
+            params = write_checkpoint(cfg, stored, ckpt, args.folder)
+        size = sum(f.stat().st_size for f in ([*ckpt.iterdir()] if args.folder else [ckpt]))
+        console.print(f"checkpoint: {params / 1e9:.2f}B parameters, {size / 2**30:.2f} GiB "
+                      f"({'folder' if args.folder else '.pt'}; {time.perf_counter() - started:.0f} s to write)")
         with console.status("measuring the interpreter's own footprint"):
             baseline = run_child("imports")
         with console.status("running attnres-export"):
@@ -102,6 +110,7 @@ def main() -> None:
         written = sum(p.stat().st_size for p in Path(tmp).glob("model.onnx*"))
     weight_bytes = params * torch.empty((), dtype=torch_dtype(args.dtype)).element_size()
     table = Table(title=f"attnres-export, {args.layers} layers d{args.d_model} {args.dtype} from {stored} "
+                        f"{'folder' if args.folder else '.pt'} "
                         f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     for column in ("what", "figure", "x weight bytes"):
         table.add_column(column, justify="right" if column != "what" else "left")
