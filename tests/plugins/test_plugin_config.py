@@ -38,11 +38,13 @@ def _includes(path: Path) -> list[str]:
 
 
 def _creator_class(folder: Path) -> str:
-    """The one IPluginCreatorV3One the folder's headers declare."""
+    """The one IPluginCreatorV3One (directly or through common/'s CreatorBase) the folder's headers declare."""
     found = [
         name
         for header in folder.glob("*.h")
-        for name in re.findall(r"class\s+(\w+)\s*:\s*public\s+nvinfer1::IPluginCreatorV3One\b", header.read_text())
+        for name in re.findall(
+            r"class\s+(\w+)\s*:\s*public\s+(?:nvinfer1::IPluginCreatorV3One\b|CreatorBase<\w+>)", header.read_text()
+        )
     ]
     assert len(found) == 1, f"{folder.name}: expected one plugin creator class, found {found}"
     return found[0]

@@ -14,9 +14,7 @@ using nvinfer1::DataType;
 using nvinfer1::Dims;
 using nvinfer1::DimsExprs;
 using nvinfer1::DynamicPluginTensorDesc;
-using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
-using nvinfer1::PluginCapabilityType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldCollection;
 using nvinfer1::PluginFieldType;
@@ -48,19 +46,6 @@ bool countsFit(int32_t nbInputs, int32_t nbOutputs, int32_t hasAggregate) noexce
     return nbInputs > kNB_WEIGHTS && nbInputs - kNB_WEIGHTS <= kMAX_SOURCES && nbOutputs == 1 + hasAggregate;
 }
 
-bool checkCounts(int32_t nbInputs, int32_t nbOutputs, int32_t hasAggregate)
-{
-    if (!countsFit(nbInputs, nbOutputs, hasAggregate))
-    {
-        logError(nodePrefix() + "expects score_weight, norm_weight and 1.." + std::to_string(kMAX_SOURCES)
-            + " sources and " + std::to_string(1 + hasAggregate) + " output(s) (has_aggregate="
-            + std::to_string(hasAggregate) + "), got " + std::to_string(nbInputs) + " inputs and "
-            + std::to_string(nbOutputs) + " outputs");
-        return false;
-    }
-    return true;
-}
-
 //! has_aggregate: one integer, 0 or 1.
 bool readPresence(PluginField const& field, int32_t& value) noexcept
 {
@@ -82,62 +67,23 @@ AttnResAggregateNormPlugin::AttnResAggregateNormPlugin(float eps, float normEps,
 {
 }
 
-AttnResAggregateNormPlugin::AttnResAggregateNormPlugin(AttnResAggregateNormPlugin const& other)
-    : IPluginV3{}
-    , IPluginV3OneCore{}
-    , IPluginV3OneBuild{}
-    , IPluginV3OneRuntime{}
-    , mEps{other.mEps}
-    , mNormEps{other.mNormEps}
-    , mHasAggregate{other.mHasAggregate}
-    , mNbSources{other.mNbSources}
+bool AttnResAggregateNormPlugin::checkCounts(int32_t nbInputs, int32_t nbOutputs) const
 {
-}
-
-IPluginCapability* AttnResAggregateNormPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
+    if (!countsFit(nbInputs, nbOutputs, mHasAggregate))
     {
-    case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-    case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+        logError(nodePrefix() + "expects score_weight, norm_weight and 1.." + std::to_string(kMAX_SOURCES)
+            + " sources and " + std::to_string(1 + mHasAggregate) + " output(s) (has_aggregate="
+            + std::to_string(mHasAggregate) + "), got " + std::to_string(nbInputs) + " inputs and "
+            + std::to_string(nbOutputs) + " outputs");
+        return false;
     }
-    return nullptr;
+    return true;
 }
 
-IPluginV3* AttnResAggregateNormPlugin::clone() noexcept
-{
-    try
-    {
-        return new AttnResAggregateNormPlugin(*this);
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NORM_NAME, "clone");
-    }
-    return nullptr;
-}
-
-char const* AttnResAggregateNormPlugin::getPluginName() const noexcept
-{
-    return kAGGREGATE_NORM_NAME;
-}
-
-char const* AttnResAggregateNormPlugin::getPluginVersion() const noexcept
-{
-    return kAGGREGATE_NORM_VERSION;
-}
-
-char const* AttnResAggregateNormPlugin::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-int32_t AttnResAggregateNormPlugin::validate(Dims const* dims, int32_t nbInputs, int32_t nbOutputs)
+int32_t AttnResAggregateNormPlugin::configureInputs(Dims const* dims, int32_t nbInputs)
 {
     char const* const weights[kNB_WEIGHTS] = {"score_weight", "norm_weight"};
-    if (!checkCounts(nbInputs, nbOutputs, mHasAggregate)
-        || !checkAggregateShapes(kAGGREGATE_NORM_NAME, dims, nbInputs, weights, kNB_WEIGHTS))
+    if (!checkAggregateShapes(kAGGREGATE_NORM_NAME, dims, nbInputs, weights, kNB_WEIGHTS))
     {
         return -1;
     }
@@ -145,24 +91,11 @@ int32_t AttnResAggregateNormPlugin::validate(Dims const* dims, int32_t nbInputs,
     return 0;
 }
 
-int32_t AttnResAggregateNormPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
-    int32_t nbOutputs) noexcept
+void AttnResAggregateNormPlugin::addFieldsToSerialize(std::vector<PluginField>& fields)
 {
-    try
-    {
-        std::vector<Dims> dims(static_cast<size_t>(nbInputs > 0 ? nbInputs : 0));
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[static_cast<size_t>(i)] = in[i].desc.dims;
-        }
-        return validate(dims.data(), nbInputs, nbOutputs);
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NORM_NAME, "configurePlugin");
-    }
-    return -1;
+    fields.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
+    fields.emplace_back(kNORM_EPS_FIELD, &mNormEps, PluginFieldType::kFLOAT32, 1);
+    fields.emplace_back(kHAS_AGGREGATE_FIELD, &mHasAggregate, PluginFieldType::kINT32, 1);
 }
 
 int32_t AttnResAggregateNormPlugin::getOutputDataTypes(
@@ -244,25 +177,6 @@ size_t AttnResAggregateNormPlugin::getWorkspaceSize(DynamicPluginTensorDesc cons
     return bytes;
 }
 
-int32_t AttnResAggregateNormPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        std::vector<Dims> dims(static_cast<size_t>(nbInputs > 0 ? nbInputs : 0));
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[static_cast<size_t>(i)] = in[i].dims;
-        }
-        return validate(dims.data(), nbInputs, nbOutputs);
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NORM_NAME, "onShapeChange");
-    }
-    return -1;
-}
-
 int32_t AttnResAggregateNormPlugin::enqueue(PluginTensorDesc const* inputDesc,
     PluginTensorDesc const* /* outputDesc */, void const* const* inputs, void* const* outputs, void* workspace,
     cudaStream_t stream) noexcept
@@ -286,12 +200,7 @@ int32_t AttnResAggregateNormPlugin::enqueue(PluginTensorDesc const* inputDesc,
         cudaError_t const status = attnresAggregateNormLaunch(static_cast<float const*>(inputs[0]),
             static_cast<float const*>(inputs[1]), inputs + kNB_WEIGHTS, mNbSources, rows, d, mEps, mNormEps,
             kernelDtype(inputDesc[kNB_WEIGHTS].type), outputs[0], h, stream);
-        if (status != cudaSuccess)
-        {
-            logError(nodePrefix() + "kernel launch failed: " + cudaGetErrorString(status));
-            return -1;
-        }
-        return 0;
+        return launchResult(kAGGREGATE_NORM_NAME, status);
     }
     catch (std::exception const& e)
     {
@@ -300,58 +209,12 @@ int32_t AttnResAggregateNormPlugin::enqueue(PluginTensorDesc const* inputDesc,
     return -1;
 }
 
-nvinfer1::IPluginV3* AttnResAggregateNormPlugin::attachToContext(
-    nvinfer1::IPluginResourceContext* /* context */) noexcept
-{
-    return clone();
-}
-
-PluginFieldCollection const* AttnResAggregateNormPlugin::getFieldsToSerialize() noexcept
-{
-    try
-    {
-        mFieldsToSerialize.clear();
-        mFieldsToSerialize.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
-        mFieldsToSerialize.emplace_back(kNORM_EPS_FIELD, &mNormEps, PluginFieldType::kFLOAT32, 1);
-        mFieldsToSerialize.emplace_back(kHAS_AGGREGATE_FIELD, &mHasAggregate, PluginFieldType::kINT32, 1);
-        mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
-        mFieldCollection.fields = mFieldsToSerialize.data();
-        return &mFieldCollection;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NORM_NAME, "getFieldsToSerialize");
-    }
-    return nullptr;
-}
-
 AttnResAggregateNormPluginCreator::AttnResAggregateNormPluginCreator()
 {
     mFields.emplace_back(kEPS_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
     mFields.emplace_back(kNORM_EPS_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
     mFields.emplace_back(kHAS_AGGREGATE_FIELD, nullptr, PluginFieldType::kINT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mFieldCollection.fields = mFields.data();
-}
-
-char const* AttnResAggregateNormPluginCreator::getPluginName() const noexcept
-{
-    return kAGGREGATE_NORM_NAME;
-}
-
-char const* AttnResAggregateNormPluginCreator::getPluginVersion() const noexcept
-{
-    return kAGGREGATE_NORM_VERSION;
-}
-
-char const* AttnResAggregateNormPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-PluginFieldCollection const* AttnResAggregateNormPluginCreator::getFieldNames() noexcept
-{
-    return &mFieldCollection;
+    mFieldCollection = fieldCollection(mFields);
 }
 
 IPluginV3* AttnResAggregateNormPluginCreator::createPlugin(
@@ -360,20 +223,12 @@ IPluginV3* AttnResAggregateNormPluginCreator::createPlugin(
     try
     {
         std::string const& node = nodePrefix();
-        ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
-            node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
         bool hasEps = false;
         bool hasNormEps = false;
         float eps = 0.F;
         float normEps = 0.F;
         int32_t hasAggregate = 0; // optional: absent means y is the only output
-        for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
-        {
-            PluginField const& field = fc->fields[i];
-            if (field.name == nullptr)
-            {
-                continue;
-            }
+        forEachNamedField(node, fc, [&](PluginField const& field) {
             if (std::strcmp(field.name, kEPS_FIELD) == 0)
             {
                 readFloatField(node, field, eps);
@@ -389,7 +244,7 @@ IPluginV3* AttnResAggregateNormPluginCreator::createPlugin(
                 ATTNRES_PLUGIN_VALIDATE(readPresence(field, hasAggregate),
                     node + "field has_aggregate must be one int32 of 0 or 1");
             }
-        }
+        });
         requireFiniteNonNegative(node, kEPS_FIELD, hasEps, eps);
         requireFiniteNonNegative(node, kNORM_EPS_FIELD, hasNormEps, normEps);
         // The sources are inputs, not a field: configurePlugin / onShapeChange check their count (1..256).

@@ -14,9 +14,7 @@ using nvinfer1::DataType;
 using nvinfer1::Dims;
 using nvinfer1::DimsExprs;
 using nvinfer1::DynamicPluginTensorDesc;
-using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
-using nvinfer1::PluginCapabilityType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldCollection;
 using nvinfer1::PluginFieldType;
@@ -33,7 +31,14 @@ namespace
 constexpr char const* kEPS_FIELD{"eps"};
 constexpr int32_t kMAX_SOURCES{ATTNRES_MAX_SOURCES};
 
-bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
+} // namespace
+
+AttnResAggregatePlugin::AttnResAggregatePlugin(float eps)
+    : mEps{eps}
+{
+}
+
+bool AttnResAggregatePlugin::checkCounts(int32_t nbInputs, int32_t nbOutputs) const
 {
     if (nbInputs < 2 || nbInputs - 1 > kMAX_SOURCES || nbOutputs != 1)
     {
@@ -45,96 +50,20 @@ bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
     return true;
 }
 
-//! Checks the operand shapes of one node; logs what is wrong and returns false on the first problem.
-bool checkShapes(Dims const* dims, int32_t nbInputs)
+int32_t AttnResAggregatePlugin::configureInputs(Dims const* dims, int32_t nbInputs)
 {
     char const* const weights[] = {"score_weight"};
-    return checkAggregateShapes(kAGGREGATE_NAME, dims, nbInputs, weights, 1);
-}
-
-} // namespace
-
-AttnResAggregatePlugin::AttnResAggregatePlugin(float eps)
-    : mEps{eps}
-{
-}
-
-AttnResAggregatePlugin::AttnResAggregatePlugin(AttnResAggregatePlugin const& other)
-    : IPluginV3{}
-    , IPluginV3OneCore{}
-    , IPluginV3OneBuild{}
-    , IPluginV3OneRuntime{}
-    , mEps{other.mEps}
-    , mNbSources{other.mNbSources}
-{
-}
-
-IPluginCapability* AttnResAggregatePlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
+    if (!checkAggregateShapes(kAGGREGATE_NAME, dims, nbInputs, weights, 1))
     {
-    case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-    case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+        return -1;
     }
-    return nullptr;
+    mNbSources = nbInputs - 1;
+    return 0;
 }
 
-IPluginV3* AttnResAggregatePlugin::clone() noexcept
+void AttnResAggregatePlugin::addFieldsToSerialize(std::vector<PluginField>& fields)
 {
-    try
-    {
-        return new AttnResAggregatePlugin(*this);
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NAME, "clone");
-    }
-    return nullptr;
-}
-
-char const* AttnResAggregatePlugin::getPluginName() const noexcept
-{
-    return kAGGREGATE_NAME;
-}
-
-char const* AttnResAggregatePlugin::getPluginVersion() const noexcept
-{
-    return kAGGREGATE_VERSION;
-}
-
-char const* AttnResAggregatePlugin::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-int32_t AttnResAggregatePlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
-    int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (!checkCounts(nbInputs, nbOutputs))
-        {
-            return -1;
-        }
-        std::vector<Dims> dims(static_cast<size_t>(nbInputs));
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[static_cast<size_t>(i)] = in[i].desc.dims;
-        }
-        if (!checkShapes(dims.data(), nbInputs))
-        {
-            return -1;
-        }
-        mNbSources = nbInputs - 1;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NAME, "configurePlugin");
-    }
-    return -1;
+    fields.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
 }
 
 int32_t AttnResAggregatePlugin::getOutputDataTypes(
@@ -188,40 +117,6 @@ int32_t AttnResAggregatePlugin::getNbOutputs() const noexcept
     return 1;
 }
 
-size_t AttnResAggregatePlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /* inputs */, int32_t /* nbInputs */,
-    DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
-{
-    return 0;
-}
-
-int32_t AttnResAggregatePlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (!checkCounts(nbInputs, nbOutputs))
-        {
-            return -1;
-        }
-        std::vector<Dims> dims(static_cast<size_t>(nbInputs));
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[static_cast<size_t>(i)] = in[i].dims;
-        }
-        if (!checkShapes(dims.data(), nbInputs))
-        {
-            return -1;
-        }
-        mNbSources = nbInputs - 1;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NAME, "onShapeChange");
-    }
-    return -1;
-}
-
 int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /* outputDesc */,
     void const* const* inputs, void* const* outputs, void* /* workspace */, cudaStream_t stream) noexcept
 {
@@ -242,12 +137,7 @@ int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, Plugi
         }
         cudaError_t const status = attnresAggregateLaunch(static_cast<float const*>(inputs[0]), inputs + 1,
             mNbSources, rows, d, mEps, kernelDtype(inputDesc[1].type), outputs[0], stream);
-        if (status != cudaSuccess)
-        {
-            logError(std::string{kAGGREGATE_NAME} + ": kernel launch failed: " + cudaGetErrorString(status));
-            return -1;
-        }
-        return 0;
+        return launchResult(kAGGREGATE_NAME, status);
     }
     catch (std::exception const& e)
     {
@@ -256,53 +146,10 @@ int32_t AttnResAggregatePlugin::enqueue(PluginTensorDesc const* inputDesc, Plugi
     return -1;
 }
 
-nvinfer1::IPluginV3* AttnResAggregatePlugin::attachToContext(nvinfer1::IPluginResourceContext* /* context */) noexcept
-{
-    return clone();
-}
-
-PluginFieldCollection const* AttnResAggregatePlugin::getFieldsToSerialize() noexcept
-{
-    try
-    {
-        mFieldsToSerialize.clear();
-        mFieldsToSerialize.emplace_back(kEPS_FIELD, &mEps, PluginFieldType::kFLOAT32, 1);
-        mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
-        mFieldCollection.fields = mFieldsToSerialize.data();
-        return &mFieldCollection;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kAGGREGATE_NAME, "getFieldsToSerialize");
-    }
-    return nullptr;
-}
-
 AttnResAggregatePluginCreator::AttnResAggregatePluginCreator()
 {
     mFields.emplace_back(kEPS_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mFieldCollection.fields = mFields.data();
-}
-
-char const* AttnResAggregatePluginCreator::getPluginName() const noexcept
-{
-    return kAGGREGATE_NAME;
-}
-
-char const* AttnResAggregatePluginCreator::getPluginVersion() const noexcept
-{
-    return kAGGREGATE_VERSION;
-}
-
-char const* AttnResAggregatePluginCreator::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-PluginFieldCollection const* AttnResAggregatePluginCreator::getFieldNames() noexcept
-{
-    return &mFieldCollection;
+    mFieldCollection = fieldCollection(mFields);
 }
 
 IPluginV3* AttnResAggregatePluginCreator::createPlugin(
@@ -311,19 +158,15 @@ IPluginV3* AttnResAggregatePluginCreator::createPlugin(
     try
     {
         std::string const node{std::string{kAGGREGATE_NAME} + ": "};
-        ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
-            node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
         bool found = false;
         float eps = 0.F;
-        for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
-        {
-            PluginField const& field = fc->fields[i];
-            if (field.name != nullptr && std::strcmp(field.name, kEPS_FIELD) == 0)
+        forEachNamedField(node, fc, [&](PluginField const& field) {
+            if (std::strcmp(field.name, kEPS_FIELD) == 0)
             {
                 readFloatField(node, field, eps);
                 found = true;
             }
-        }
+        });
         requireFiniteNonNegative(node, kEPS_FIELD, found, eps);
         // The sources are inputs, not a field: configurePlugin / onShapeChange check their count (1..256).
         return new AttnResAggregatePlugin(eps);

@@ -104,6 +104,14 @@ bool readInt(nvinfer1::PluginField const& field, int32_t& value) noexcept
     return true;
 }
 
+nvinfer1::PluginFieldCollection fieldCollection(std::vector<nvinfer1::PluginField> const& fields) noexcept
+{
+    nvinfer1::PluginFieldCollection collection{};
+    collection.nbFields = static_cast<int32_t>(fields.size());
+    collection.fields = fields.data();
+    return collection;
+}
+
 void readFloatField(std::string const& node, nvinfer1::PluginField const& field, float& value)
 {
     std::string const name{field.name != nullptr ? field.name : "?"};
@@ -153,6 +161,16 @@ std::string dimsToString(nvinfer1::Dims const& dims)
         text += (i > 0 ? ", " : "") + std::to_string(dims.d[i]);
     }
     return text + "]";
+}
+
+int32_t launchResult(char const* pluginName, cudaError_t status)
+{
+    if (status != cudaSuccess)
+    {
+        logError(std::string{pluginName} + ": kernel launch failed: " + cudaGetErrorString(status));
+        return -1;
+    }
+    return 0;
 }
 
 bool compatible(int64_t a, int64_t b) noexcept

@@ -16,6 +16,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 //! Exported entry points. TENSORRTAPI is empty outside TensorRT's own build, and objects are hidden by default.
 #define ATTNRES_PLUGIN_API __attribute__((visibility("default")))
@@ -70,6 +71,27 @@ bool readFloat(nvinfer1::PluginField const& field, float& value) noexcept;
 //! One int8, int16, int32 or int64 value of a plugin field that fits int32; false otherwise.
 bool readInt(nvinfer1::PluginField const& field, int32_t& value) noexcept;
 
+//! A PluginFieldCollection over fields (getFieldNames, getFieldsToSerialize); valid while fields is unchanged.
+nvinfer1::PluginFieldCollection fieldCollection(std::vector<nvinfer1::PluginField> const& fields) noexcept;
+
+//! Throws PluginError "<node>the field collection has <n> fields but no field array" for a collection that lists
+//! fields without an array, then calls visit(field) for each field of fc that has a name (none when fc is null):
+//! the loop of every createPlugin.
+template <typename Visit>
+void forEachNamedField(std::string const& node, nvinfer1::PluginFieldCollection const* fc, Visit&& visit)
+{
+    ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
+        node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        nvinfer1::PluginField const& field = fc->fields[i];
+        if (field.name != nullptr)
+        {
+            visit(field);
+        }
+    }
+}
+
 //! Reads the float field `field` (named name) into value, as readFloat; throws PluginError
 //! "<node>field <name> must hold one value" / "... must be float32" (node: "<plugin name>: ").
 void readFloatField(std::string const& node, nvinfer1::PluginField const& field, float& value);
@@ -89,6 +111,10 @@ size_t kernelElementSize(nvinfer1::DataType type) noexcept;
 
 //! "[d0, d1, ...]".
 std::string dimsToString(nvinfer1::Dims const& dims);
+
+//! What enqueue returns after a kernel launch: 0 for cudaSuccess, else -1 after logging
+//! "<pluginName>: kernel launch failed: <cudaGetErrorString(status)>".
+int32_t launchResult(char const* pluginName, cudaError_t status);
 
 //! Two extents agree when either is unknown (-1 at build time) or both are equal.
 bool compatible(int64_t a, int64_t b) noexcept;

@@ -16,9 +16,7 @@ using nvinfer1::DataType;
 using nvinfer1::Dims;
 using nvinfer1::DimsExprs;
 using nvinfer1::DynamicPluginTensorDesc;
-using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
-using nvinfer1::PluginCapabilityType;
 using nvinfer1::PluginField;
 using nvinfer1::PluginFieldCollection;
 using nvinfer1::PluginFieldType;
@@ -43,18 +41,6 @@ std::string const& nodePrefix()
 {
     static std::string const prefix{std::string{kRESIDUAL_ATTENTION_NAME} + ": "};
     return prefix;
-}
-
-bool checkCounts(int32_t nbInputs, int32_t nbOutputs)
-{
-    if (nbInputs < 3 || nbInputs > 5 || nbOutputs != 2)
-    {
-        logError(nodePrefix() + "expects q, k, v, optional prev_scores and mask_bias (3 to 5 inputs) and two "
-            "outputs (out, scores), got " + std::to_string(nbInputs) + " inputs and " + std::to_string(nbOutputs)
-            + " outputs");
-        return false;
-    }
-    return true;
 }
 
 //! [B, H, Tq, Tk] of q and k, with -1 where unknown.
@@ -188,16 +174,6 @@ bool checkShapes(Dims const* dims, int32_t nbInputs, ResidualAttentionRoles cons
     return true;
 }
 
-bool validate(Dims const* dims, int32_t nbInputs, int32_t nbOutputs, int32_t hasPrev, int32_t hasMask,
-    ResidualAttentionRoles& roles)
-{
-    if (!checkCounts(nbInputs, nbOutputs))
-    {
-        return false;
-    }
-    return resolveRoles(dims, nbInputs, hasPrev, hasMask, roles, true) && checkShapes(dims, nbInputs, roles);
-}
-
 //! Element strides of a mask broadcast to [B, H, Tq, Tk] (0 along broadcast axes).
 void maskStrides(Dims const& mask, int64_t strides[4])
 {
@@ -237,88 +213,36 @@ ResidualScoreAttentionPlugin::ResidualScoreAttentionPlugin(
 {
 }
 
-ResidualScoreAttentionPlugin::ResidualScoreAttentionPlugin(ResidualScoreAttentionPlugin const& other)
-    : IPluginV3{}
-    , IPluginV3OneCore{}
-    , IPluginV3OneBuild{}
-    , IPluginV3OneRuntime{}
-    , mScale{other.mScale}
-    , mLogitDivisor{other.mLogitDivisor}
-    , mHasPrevScores{other.mHasPrevScores}
-    , mHasMask{other.mHasMask}
-    , mNbInputs{other.mNbInputs}
-    , mRoles{other.mRoles}
+bool ResidualScoreAttentionPlugin::checkCounts(int32_t nbInputs, int32_t nbOutputs) const
 {
-}
-
-IPluginCapability* ResidualScoreAttentionPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
+    if (nbInputs < 3 || nbInputs > 5 || nbOutputs != 2)
     {
-    case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-    case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+        logError(nodePrefix() + "expects q, k, v, optional prev_scores and mask_bias (3 to 5 inputs) and two "
+            "outputs (out, scores), got " + std::to_string(nbInputs) + " inputs and " + std::to_string(nbOutputs)
+            + " outputs");
+        return false;
     }
-    return nullptr;
+    return true;
 }
 
-IPluginV3* ResidualScoreAttentionPlugin::clone() noexcept
+int32_t ResidualScoreAttentionPlugin::configureInputs(Dims const* dims, int32_t nbInputs)
 {
-    try
+    ResidualAttentionRoles roles;
+    if (!resolveRoles(dims, nbInputs, mHasPrevScores, mHasMask, roles, true) || !checkShapes(dims, nbInputs, roles))
     {
-        return new ResidualScoreAttentionPlugin(*this);
+        return -1;
     }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kRESIDUAL_ATTENTION_NAME, "clone");
-    }
-    return nullptr;
+    mNbInputs = nbInputs;
+    mRoles = roles;
+    return 0;
 }
 
-char const* ResidualScoreAttentionPlugin::getPluginName() const noexcept
+void ResidualScoreAttentionPlugin::addFieldsToSerialize(std::vector<PluginField>& fields)
 {
-    return kRESIDUAL_ATTENTION_NAME;
-}
-
-char const* ResidualScoreAttentionPlugin::getPluginVersion() const noexcept
-{
-    return kRESIDUAL_ATTENTION_VERSION;
-}
-
-char const* ResidualScoreAttentionPlugin::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-int32_t ResidualScoreAttentionPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /* out */,
-    int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (!checkCounts(nbInputs, nbOutputs))
-        {
-            return -1;
-        }
-        Dims dims[5];
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[i] = in[i].desc.dims;
-        }
-        ResidualAttentionRoles roles;
-        if (!validate(dims, nbInputs, nbOutputs, mHasPrevScores, mHasMask, roles))
-        {
-            return -1;
-        }
-        mNbInputs = nbInputs;
-        mRoles = roles;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kRESIDUAL_ATTENTION_NAME, "configurePlugin");
-    }
-    return -1;
+    fields.emplace_back(kSCALE_FIELD, &mScale, PluginFieldType::kFLOAT32, 1);
+    fields.emplace_back(kDIVISOR_FIELD, &mLogitDivisor, PluginFieldType::kFLOAT32, 1);
+    fields.emplace_back(kHAS_PREV_FIELD, &mHasPrevScores, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kHAS_MASK_FIELD, &mHasMask, PluginFieldType::kINT32, 1);
 }
 
 int32_t ResidualScoreAttentionPlugin::getOutputDataTypes(
@@ -376,42 +300,6 @@ int32_t ResidualScoreAttentionPlugin::getNbOutputs() const noexcept
     return 2;
 }
 
-size_t ResidualScoreAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /* inputs */,
-    int32_t /* nbInputs */, DynamicPluginTensorDesc const* /* outputs */, int32_t /* nbOutputs */) const noexcept
-{
-    return 0;
-}
-
-int32_t ResidualScoreAttentionPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /* out */, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (!checkCounts(nbInputs, nbOutputs))
-        {
-            return -1;
-        }
-        Dims dims[5];
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[i] = in[i].dims;
-        }
-        ResidualAttentionRoles roles;
-        if (!validate(dims, nbInputs, nbOutputs, mHasPrevScores, mHasMask, roles))
-        {
-            return -1;
-        }
-        mNbInputs = nbInputs;
-        mRoles = roles;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kRESIDUAL_ATTENTION_NAME, "onShapeChange");
-    }
-    return -1;
-}
-
 int32_t ResidualScoreAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
     PluginTensorDesc const* /* outputDesc */, void const* const* inputs, void* const* outputs, void* /* workspace */,
     cudaStream_t stream) noexcept
@@ -450,12 +338,7 @@ int32_t ResidualScoreAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
             static_cast<int32_t>(sizes[1]), static_cast<int32_t>(sizes[2]), static_cast<int32_t>(sizes[3]),
             static_cast<int32_t>(sizes[4]), static_cast<int32_t>(sizes[5]), mScale, mLogitDivisor,
             kernelDtype(inputDesc[0].type), outputs[0], static_cast<float*>(outputs[1]), stream);
-        if (status != cudaSuccess)
-        {
-            logError(nodePrefix() + "kernel launch failed: " + cudaGetErrorString(status));
-            return -1;
-        }
-        return 0;
+        return launchResult(kRESIDUAL_ATTENTION_NAME, status);
     }
     catch (std::exception const& e)
     {
@@ -464,60 +347,13 @@ int32_t ResidualScoreAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
     return -1;
 }
 
-nvinfer1::IPluginV3* ResidualScoreAttentionPlugin::attachToContext(
-    nvinfer1::IPluginResourceContext* /* context */) noexcept
-{
-    return clone();
-}
-
-PluginFieldCollection const* ResidualScoreAttentionPlugin::getFieldsToSerialize() noexcept
-{
-    try
-    {
-        mFieldsToSerialize.clear();
-        mFieldsToSerialize.emplace_back(kSCALE_FIELD, &mScale, PluginFieldType::kFLOAT32, 1);
-        mFieldsToSerialize.emplace_back(kDIVISOR_FIELD, &mLogitDivisor, PluginFieldType::kFLOAT32, 1);
-        mFieldsToSerialize.emplace_back(kHAS_PREV_FIELD, &mHasPrevScores, PluginFieldType::kINT32, 1);
-        mFieldsToSerialize.emplace_back(kHAS_MASK_FIELD, &mHasMask, PluginFieldType::kINT32, 1);
-        mFieldCollection.nbFields = static_cast<int32_t>(mFieldsToSerialize.size());
-        mFieldCollection.fields = mFieldsToSerialize.data();
-        return &mFieldCollection;
-    }
-    catch (std::exception const& e)
-    {
-        caughtError(e, kRESIDUAL_ATTENTION_NAME, "getFieldsToSerialize");
-    }
-    return nullptr;
-}
-
 ResidualScoreAttentionPluginCreator::ResidualScoreAttentionPluginCreator()
 {
     mFields.emplace_back(kSCALE_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
     mFields.emplace_back(kDIVISOR_FIELD, nullptr, PluginFieldType::kFLOAT32, 1);
     mFields.emplace_back(kHAS_PREV_FIELD, nullptr, PluginFieldType::kINT32, 1);
     mFields.emplace_back(kHAS_MASK_FIELD, nullptr, PluginFieldType::kINT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mFieldCollection.fields = mFields.data();
-}
-
-char const* ResidualScoreAttentionPluginCreator::getPluginName() const noexcept
-{
-    return kRESIDUAL_ATTENTION_NAME;
-}
-
-char const* ResidualScoreAttentionPluginCreator::getPluginVersion() const noexcept
-{
-    return kRESIDUAL_ATTENTION_VERSION;
-}
-
-char const* ResidualScoreAttentionPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-PluginFieldCollection const* ResidualScoreAttentionPluginCreator::getFieldNames() noexcept
-{
-    return &mFieldCollection;
+    mFieldCollection = fieldCollection(mFields);
 }
 
 IPluginV3* ResidualScoreAttentionPluginCreator::createPlugin(
@@ -526,21 +362,13 @@ IPluginV3* ResidualScoreAttentionPluginCreator::createPlugin(
     try
     {
         std::string const& node = nodePrefix();
-        ATTNRES_PLUGIN_VALIDATE(fc == nullptr || fc->nbFields <= 0 || fc->fields != nullptr,
-            node + "the field collection has " + std::to_string(fc->nbFields) + " fields but no field array");
         bool hasScale = false;
         bool hasDivisor = false;
         float scale = 0.F;
         float divisor = 0.F;
         int32_t hasPrev = kUNKNOWN;
         int32_t hasMask = kUNKNOWN;
-        for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
-        {
-            PluginField const& field = fc->fields[i];
-            if (field.name == nullptr)
-            {
-                continue;
-            }
+        forEachNamedField(node, fc, [&](PluginField const& field) {
             if (std::strcmp(field.name, kSCALE_FIELD) == 0)
             {
                 ATTNRES_PLUGIN_VALIDATE(readFloat(field, scale), node + "field scale must be one float32");
@@ -557,7 +385,7 @@ IPluginV3* ResidualScoreAttentionPluginCreator::createPlugin(
                 ATTNRES_PLUGIN_VALIDATE(readPresence(field, isPrev ? hasPrev : hasMask),
                     node + "field " + field.name + " must be one int32 of -1 (infer), 0 or 1");
             }
-        }
+        });
         ATTNRES_PLUGIN_VALIDATE(
             hasScale && hasDivisor, node + "required field " + (hasScale ? "logit_divisor" : "scale") + " is missing");
         ATTNRES_PLUGIN_VALIDATE(std::isfinite(scale), node + "scale must be finite, got " + std::to_string(scale));

@@ -8,6 +8,8 @@
 #ifndef ATTNRES_RESIDUAL_SCORE_ATTENTION_PLUGIN_H
 #define ATTNRES_RESIDUAL_SCORE_ATTENTION_PLUGIN_H
 
+#include "common/attnresPluginBase.h"
+
 #include "NvInferRuntime.h"
 
 #include <cstdint>
@@ -29,30 +31,16 @@ struct ResidualAttentionRoles
     int32_t maskBias{-1};
 };
 
-class ResidualScoreAttentionPlugin : public nvinfer1::IPluginV3,
-                                     public nvinfer1::IPluginV3OneCore,
-                                     public nvinfer1::IPluginV3OneBuild,
-                                     public nvinfer1::IPluginV3OneRuntime
+class ResidualScoreAttentionPlugin : public PluginBase<ResidualScoreAttentionPlugin>
 {
 public:
+    static constexpr char const* kNAME{kRESIDUAL_ATTENTION_NAME};
+    static constexpr char const* kVERSION{kRESIDUAL_ATTENTION_VERSION};
+
     //! hasPrevScores / hasMask: 1 present, 0 absent, -1 unknown (inferred from the inputs' count and shapes).
     ResidualScoreAttentionPlugin(float scale, float logitDivisor, int32_t hasPrevScores, int32_t hasMask);
-    ResidualScoreAttentionPlugin(ResidualScoreAttentionPlugin const& other);
-    ResidualScoreAttentionPlugin& operator=(ResidualScoreAttentionPlugin const&) = delete;
-    ~ResidualScoreAttentionPlugin() override = default;
-
-    // IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
 
     // IPluginV3OneBuild
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
         nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
     int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
@@ -61,44 +49,34 @@ public:
     bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
         int32_t nbOutputs) noexcept override;
     int32_t getNbOutputs() const noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
     // IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
+    friend class PluginBase<ResidualScoreAttentionPlugin>;
+
+    bool checkCounts(int32_t nbInputs, int32_t nbOutputs) const;
+    //! Resolves the roles of inputs 3 and 4, checks every shape and records the count and the roles.
+    int32_t configureInputs(nvinfer1::Dims const* dims, int32_t nbInputs);
+    void addFieldsToSerialize(std::vector<nvinfer1::PluginField>& fields);
+
     float mScale;
     float mLogitDivisor;
     int32_t mHasPrevScores;
     int32_t mHasMask;
     int32_t mNbInputs{0};           //!< set by configurePlugin / onShapeChange: enqueue is not told the count
     ResidualAttentionRoles mRoles{}; //!< which inputs are prev_scores / mask_bias, resolved with the count
-    std::vector<nvinfer1::PluginField> mFieldsToSerialize;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
 };
 
-class ResidualScoreAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One
+class ResidualScoreAttentionPluginCreator : public CreatorBase<ResidualScoreAttentionPlugin>
 {
 public:
     ResidualScoreAttentionPluginCreator();
-    ~ResidualScoreAttentionPluginCreator() override = default;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
     nvinfer1::IPluginV3* createPlugin(
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    std::vector<nvinfer1::PluginField> mFields;
-    nvinfer1::PluginFieldCollection mFieldCollection{};
 };
 
 } // namespace plugin
