@@ -167,11 +167,11 @@ class OpDescriptor:
             for spec, name in zip(self.inputs, names, strict=True):
                 if spec.presence_attribute:
                     node.attribute.append(onnx.helper.make_attribute(spec.presence_attribute, int(bool(name))))
-        for spec, name in zip(self.outputs, outputs, strict=False):
-            if spec.presence_attribute:
-                node.attribute.append(onnx.helper.make_attribute(spec.presence_attribute, int(bool(name))))
-        del node.output[:]
-        node.output.extend(_without_trailing_empty(outputs))
+        if self.output_presence_attributes:
+            for spec, name in zip(self.outputs, outputs, strict=False):
+                if spec.presence_attribute:
+                    node.attribute.append(onnx.helper.make_attribute(spec.presence_attribute, int(bool(name))))
+            _set_outputs(node, _without_trailing_empty(outputs))
 
     def listed_outputs(self, node: onnx.NodeProto) -> list[str]:
         """One name per formal output, ``""`` for an absent optional one (both spellings)."""
@@ -188,8 +188,8 @@ class OpDescriptor:
             return
         outputs = self.listed_outputs(node)
         _set_inputs(node, _without_trailing_empty(self.canonical_inputs(node)))
-        del node.output[:]
-        node.output.extend(_without_trailing_empty(outputs))
+        if self.output_presence_attributes:
+            _set_outputs(node, _without_trailing_empty(outputs))
         self.drop_presence(node)
 
     def drop_presence(self, node: onnx.NodeProto) -> None:
@@ -269,6 +269,11 @@ def _without_trailing_empty(names: Sequence[str]) -> list[str]:
 def _set_inputs(node: onnx.NodeProto, names: Sequence[str]) -> None:
     del node.input[:]
     node.input.extend(names)
+
+
+def _set_outputs(node: onnx.NodeProto, names: Sequence[str]) -> None:
+    del node.output[:]
+    node.output.extend(names)
 
 
 def _finite_non_negative(value: float) -> bool:
