@@ -18,7 +18,7 @@ from torch import nn
 
 from attnres_export.models.config import ModelConfig
 from attnres_export.ops.aggregate import attnres_aggregate
-from attnres_export.ops.aggregate_norm import attnres_aggregate_norm
+from attnres_export.ops.aggregate_norm import attnres_aggregate_norm, rms_norm_reference
 from attnres_export.ops.precision import at_least_float32
 
 ROPE_THETA = 10000.0
@@ -33,9 +33,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = at_least_float32(x)
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (normed * at_least_float32(self.weight)).to(x.dtype)
+        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class KeepFloat32(nn.Module):
