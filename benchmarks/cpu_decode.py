@@ -22,9 +22,9 @@ import numpy as np
 import onnxruntime
 import torch
 
+from attnres_export.decode.generate import Stepper, TorchStepper, onnx_stepper
 from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.generate import Stepper, TorchStepper, onnx_stepper
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
 

@@ -24,8 +24,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
-from attnres_export.backends.torch_runner import TorchRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+from attnres_export.backends.pytorch.runner import TorchRunner
 from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
 from attnres_export.graphs.targets import convert

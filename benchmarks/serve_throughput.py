@@ -131,7 +131,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+    from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
     from attnres_export.dims import DimRange
     from attnres_export.exporter.export import ExportOptions, export_checkpoint
 

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import onnx
 
 from attnres_export.backends.base import Runner
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner
 from attnres_export.errors import ParityError
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import onnx_dtype
 
 if TYPE_CHECKING:
-    from attnres_export.backends.tensorrt_runner import TensorRTRunner
+    from attnres_export.backends.tensorrt.runner import TensorRTRunner
 
 
 def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.ModelProto]:
@@ -30,7 +30,7 @@ def engine_runner(path: Path, plugin: Path | None = None,
                   allow_engine_host_code: bool = False) -> tuple[TensorRTRunner, str]:
     """A TensorRT runner for the engine at ``path`` and its dtype: the manifest's, else (an engine built by trtexec
     or Polygraphy, run with ``plugin``) the engine's first floating-point output's."""
-    from attnres_export.backends.tensorrt_runner import TensorRTRunner
+    from attnres_export.backends.tensorrt.runner import TensorRTRunner
 
     runner = TensorRTRunner(path, plugin=plugin, allow_engine_host_code=allow_engine_host_code)
     return runner, runner.manifest.dtype if runner.manifest is not None else runner.output_dtype()

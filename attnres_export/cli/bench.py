@@ -25,9 +25,9 @@ def bench(
     allow_engine_host_code: AllowEngineHostCode = False,
 ) -> None:
     """Median, p90 and p99 latency and throughput (CUDA events for engines, perf_counter for ONNX Runtime)."""
-    from attnres_export.backends.engine_manifest import manifest_path, read_manifest
+    from attnres_export.backends.bench import measure, ratio_lines
+    from attnres_export.backends.tensorrt.manifest import manifest_path, read_manifest
     from attnres_export.cli.render import bench_table
-    from attnres_export.engine.bench import measure, ratio_lines
 
     if iterations < 1 or warmup < 0:
         raise AttnresError("--iterations must be >= 1 and --warmup >= 0")
@@ -60,7 +60,7 @@ class _Opened:
 
     def __enter__(self) -> _Opened:
         from attnres_export.backends.factory import engine_runner, onnx_runner
-        from attnres_export.backends.onnxruntime_runner import cuda_provider_available
+        from attnres_export.backends.onnxruntime.runner import cuda_provider_available
         from attnres_export.graphs.metadata import export_info, input_axes
 
         if self.path.suffix == ".onnx":
@@ -109,7 +109,7 @@ class _Opened:
         return np.dtype(self.runner.input_dtype(name))
 
     def workload(self, shape: tuple[int, int], cuda_graph: bool):
-        from attnres_export.engine.bench import ort_workload, tensorrt_workload
+        from attnres_export.backends.bench import ort_workload, tensorrt_workload
 
         if self.path.suffix == ".onnx":
             return ort_workload(self.runner, self.feeds(shape), shape)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from attnres_export.atomic import check_outputs
-from attnres_export.backends.engine_manifest import manifest_path
+from attnres_export.backends.tensorrt.manifest import manifest_path
 from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import Plugin, parse_range
 
@@ -27,7 +27,7 @@ def build(
     workspace: Annotated[int | None, typer.Option(help="Workspace limit in MB.")] = None,
 ) -> None:
     """Build a TensorRT engine (strongly typed: the ONNX's dtype is the engine's) after a plugin preflight."""
-    from attnres_export.engine.builder import BuildOptions, PreflightFailed, build_engine
+    from attnres_export.backends.tensorrt.builder import BuildOptions, PreflightFailed, build_engine
 
     opts = BuildOptions(
         onnx=onnx, output=output, plugin=plugin, batch=parse_range(batch, "batch"), seq=parse_range(seq, "seq"),

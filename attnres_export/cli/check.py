@@ -42,7 +42,7 @@ def check(
     import numpy as np
 
     from attnres_export.backends.factory import engine_runner, onnx_runner
-    from attnres_export.backends.torch_runner import TorchRunner
+    from attnres_export.backends.pytorch.runner import TorchRunner
     from attnres_export.cli.render import report_table
     from attnres_export.graphs.metadata import export_info
     from attnres_export.models import load_checkpoint

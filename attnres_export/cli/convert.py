@@ -25,8 +25,8 @@ def convert(
     output: Annotated[Path, typer.Option("-o", "--output", help="ONNX file to write.")],
 ) -> None:
     """Rewrite an exported ONNX for another target (fused nodes <-> standard-op decomposition)."""
-    from attnres_export.exporter.save import save_onnx_atomic
     from attnres_export.graphs.load import load_onnx
+    from attnres_export.graphs.save import save_onnx_atomic
     from attnres_export.graphs.targets import convert as convert_model
 
     check_outputs({"-o": output}, {"SOURCE": source})

@@ -33,13 +33,13 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"tokens\": [...], ...} as JSON.")] = False,
 ) -> None:
     """Generate tokens after a prompt: PyTorch by default, or a with-past ONNX / TensorRT engine."""
-    from attnres_export.exporter.generate import (
+    from attnres_export.decode.generate import (
         Sampling,
         TorchStepper,
         engine_stepper,
         onnx_stepper,
     )
-    from attnres_export.exporter.generate import (
+    from attnres_export.decode.generate import (
         generate as run_generate,
     )
     from attnres_export.models import load_checkpoint

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from attnres_export.engine.bench import Workload
+from attnres_export.backends.bench import Workload
 from attnres_export.graphs.fusion import FusionResult
 from attnres_export.graphs.fusion.classify import DEPTH, RESIDUAL
 from attnres_export.parity.report import Report

@@ -18,16 +18,16 @@ import torch
 from attnres_export import __version__
 from attnres_export.atomic import check_outputs, temporary_dir_beside
 from attnres_export.backends.base import Runner
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
-from attnres_export.backends.torch_runner import TorchRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+from attnres_export.backends.pytorch.runner import TorchRunner
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import STORAGE_TYPES, Tolerance
 from attnres_export.errors import ExportError
-from attnres_export.exporter.save import save_onnx_atomic
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
+from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
 from attnres_export.models.attnres_lm import AttnResLM

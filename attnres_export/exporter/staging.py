@@ -16,9 +16,9 @@ import onnx
 import onnx_ir as ir
 
 from attnres_export.atomic import atomic_write, default_file_mode, refuse_non_regular
-from attnres_export.exporter.save import check_written
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
+from attnres_export.graphs.save import check_written
 from attnres_export.graphs.schemas import register_schemas
 
 IN_FLIGHT_BYTES = 64 << 20

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from attnres_export.backends.torch_runner import read_as
+from attnres_export.backends.pytorch.runner import read_as
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError

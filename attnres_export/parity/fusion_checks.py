@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from attnres_export.backends.isolated_run import crash_in_isolation
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.isolated_run import crash_in_isolation
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.dtypes import BY_ONNX, STORAGE_TYPES
 from attnres_export.errors import ParityError
 from attnres_export.graphs.fusion import FusionResult, Numerics, fuse_model

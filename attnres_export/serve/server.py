@@ -96,7 +96,7 @@ def load_model(options: ServeOptions) -> ServedModel:
             signature = engine_signature(runners[0])
             backend = "TensorRT"
         else:
-            from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+            from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
             from attnres_export.graphs.load import load_onnx
 
             model = load_onnx(Path(options.artifact))

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from attnres_export.models import load_checkpoint
+from tests.cli.test_cli import assert_one_line_error, invoke
 from tests.conftest import slow_after, write_checkpoint
-from tests.test_cli import assert_one_line_error, invoke
 
 
 @pytest.mark.parametrize("shard_mb", slow_after([None, "0.01"]))

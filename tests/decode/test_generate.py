@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnres_export.decode.generate import Sampling, TorchStepper, generate, onnx_stepper
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.generate import Sampling, TorchStepper, generate, onnx_stepper
 from attnres_export.models import load_checkpoint
+from tests.cli.test_cli import assert_one_line_error, invoke
 from tests.conftest import write_checkpoint
-from tests.test_cli import assert_one_line_error, invoke
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-block-attnres.pt"
 

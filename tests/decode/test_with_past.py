@@ -11,15 +11,15 @@ import onnx
 import pytest
 import torch
 
+from attnres_export.backends.tensorrt.profiles import derive_profile
 from attnres_export.dims import DimRange
-from attnres_export.engine.profiles import derive_profile
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
 from attnres_export.exporter.with_past import past_feed_maker
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.models import load_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMWithPast
+from tests.cli.test_cli import assert_one_line_error, invoke
 from tests.conftest import slow_after, write_checkpoint
-from tests.test_cli import assert_one_line_error, invoke
 
 RANGES = {"batch": DimRange(1, 2, 3), "seq": DimRange(1, 1, 12), "past": DimRange(0, 6, 20)}
 
@@ -96,7 +96,7 @@ def test_with_past_export_passes_prefill_and_decode_parity_and_records_dims(expo
 @pytest.mark.parametrize("past_len", [0, 1, 2, 17])
 def test_with_past_onnx_matches_pytorch_at_every_past_length_including_zero(exported, past_len):
     """Sizes 0 and 1 are the ones torch.export specialises: the graph traced at past >= 2 must serve them."""
-    from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+    from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     ckpt, result = exported
     model, _ = load_checkpoint(ckpt)

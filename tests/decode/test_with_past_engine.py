@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from attnres_export.backends.tensorrt_runner import TensorRTRunner
+from attnres_export.backends.tensorrt.builder import BuildOptions, build_engine
+from attnres_export.backends.tensorrt.runner import TensorRTRunner
 from attnres_export.dims import DimRange
-from attnres_export.engine.builder import BuildOptions, build_engine
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from tests.backends.tensorrt.conftest import fake_trt, libraries  # noqa: F401 - fixtures
 from tests.conftest import write_checkpoint
-from tests.engine.conftest import fake_trt, libraries  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 
 from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, ExportResult, check_export, export_checkpoint
-from attnres_export.exporter.save import save_onnx_atomic
 from attnres_export.graphs.onnx_utils import attnres_nodes
+from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
 from attnres_export.ops.onnx_nodes import attribute

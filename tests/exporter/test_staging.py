@@ -10,8 +10,8 @@ import pytest
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
-from attnres_export.backends import onnxruntime_runner
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime import runner as onnxruntime_runner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.exporter.staging import Stage
 from attnres_export.graphs import onnx_utils
 from attnres_export.graphs.external_save import save_with_external_data

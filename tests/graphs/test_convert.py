@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.errors import GraphError
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
 from attnres_export.graphs.onnx_utils import attnres_nodes

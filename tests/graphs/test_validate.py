@@ -14,7 +14,7 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 from typer.testing import CliRunner
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.cli import app
 from attnres_export.errors import OpSetError
 from attnres_export.graphs.load import load_onnx

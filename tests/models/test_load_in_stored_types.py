@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnres_export.backends.torch_runner import TorchRunner, read_as
+from attnres_export.backends.pytorch.runner import TorchRunner, read_as
 from attnres_export.errors import CheckpointError
 from attnres_export.models import ModelConfig, checkpoint, load_checkpoint, save_checkpoint
 from attnres_export.models.checkpoint import model_as

@@ -12,7 +12,7 @@ import yaml
 from onnx import TensorProto
 from onnx import helper as oh
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.graphs.schemas import public_schema
 from attnres_export.graphs.targets import convert
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES

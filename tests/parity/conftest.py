@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from attnres_export.dims import DimRange
 from attnres_export.exporter.export import ExportOptions, export_checkpoint
-from attnres_export.exporter.save import save_onnx_atomic
+from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example

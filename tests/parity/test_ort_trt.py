@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner, cuda_provider_available
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner, cuda_provider_available
 from attnres_export.errors import ParityError
 from attnres_export.ops.onnx_nodes import attribute
 

@@ -215,7 +215,7 @@ def test_build_info_records_header_and_nvcc_versions(built: Built) -> None:
 LOAD_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, os, sys, types
-    from attnres_export.backends import plugin_library
+    from attnres_export.backends.tensorrt import plugin_library
     from attnres_export.errors import EngineError
 
     standin_path, library, promote = sys.argv[1], sys.argv[2], sys.argv[3] == "promote"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attnres_export.backends import plugin_library
+from attnres_export.backends.tensorrt import plugin_library
 from attnres_export.errors import EngineError
 from attnres_export.plugins import build
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
-from attnres_export.backends.torch_runner import TorchRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+from attnres_export.backends.pytorch.runner import TorchRunner
 from attnres_export.cli import app
 from attnres_export.dims import DimRange
 from attnres_export.errors import CheckpointError

@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto
 from onnx import helper as oh
 
-from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.graphs.targets import convert
 from attnres_export.graphs.types import value_types

@@ -1,4 +1,5 @@
-"""Serving tests: small exports shared by the module, and the TensorRT fake's fixtures (tests/engine/conftest.py)."""
+"""Serving tests: small exports shared by the module, and the TensorRT fake's fixtures
+(tests/backends/tensorrt/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.engine.conftest import fake_trt, libraries  # noqa: F401 - the TensorRT fake, for engines
+from tests.backends.tensorrt.conftest import fake_trt, libraries  # noqa: F401 - the TensorRT fake, for engines
 
 HAS_CLIENT = importlib.util.find_spec("tritonclient") is not None
 HAS_SERVER = HAS_CLIENT and importlib.util.find_spec("pytriton") is not None
@@ -41,7 +42,7 @@ def portable_onnx(tmp_path) -> Path:
 @pytest.fixture
 def attnres_onnx(tmp_path) -> Path:
     """An ONNX with one AttnResAggregate node (what `--target tensorrt` writes)."""
-    from tests.engine.graphs import aggregate_model
+    from tests.backends.tensorrt.graphs import aggregate_model
 
     path = tmp_path / "agg.tensorrt.onnx"
     onnx.save(aggregate_model(), str(path))
@@ -54,8 +55,8 @@ def fake_engine(fake_trt, libraries, portable_onnx, tmp_path, monkeypatch) -> Pa
     because the fake deserializes without a GPU."""
     import torch
 
+    from attnres_export.backends.tensorrt.builder import BuildOptions, build_engine
     from attnres_export.dims import DimRange
-    from attnres_export.engine.builder import BuildOptions, build_engine
 
     engine = tmp_path / "m.engine"
     build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt, batch=DimRange(1, 2, 4)))

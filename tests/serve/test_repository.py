@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from attnres_export.backends.tensorrt.builder import BuildOptions, build_engine
 from attnres_export.cli import app
 from attnres_export.dims import DimRange
-from attnres_export.engine.builder import BuildOptions, build_engine
 from attnres_export.serve.dependencies import model_config_pb2
 from attnres_export.serve.repository import RepoOptions, write_repository
 from tests.serve.conftest import NEEDS_CLIENT
@@ -127,7 +127,7 @@ def test_an_engine_with_its_plugin_embedded_needs_no_library_but_the_version_com
         fake_trt, libraries, portable_onnx, tmp_path, monkeypatch):
     import torch
 
-    from attnres_export.backends import plugin_library
+    from attnres_export.backends.tensorrt import plugin_library
 
     engine = tmp_path / "e.engine"
     assert build_engine(BuildOptions(portable_onnx, engine, plugin=libraries.trt_dyn, embed_plugin=True,

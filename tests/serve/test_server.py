@@ -30,7 +30,7 @@ def server(served_onnx, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(served_onnx):
-    from attnres_export.backends.onnxruntime_runner import OnnxRuntimeRunner
+    from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     runner = OnnxRuntimeRunner(served_onnx)
     runner.activate()

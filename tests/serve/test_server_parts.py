@@ -122,7 +122,7 @@ def test_a_port_in_use_is_one_line_before_anything_starts(portable_onnx):
 
 def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_engine, monkeypatch):
     """The fake deserializes but cannot execute: this covers loading, the signature and the instances only."""
-    from attnres_export.backends.tensorrt_runner import TensorRTRunner
+    from attnres_export.backends.tensorrt.runner import TensorRTRunner
     from attnres_export.serve.server import ServeOptions, load_model
 
     monkeypatch.setattr(TensorRTRunner, "activate", TensorRTRunner.load)  # no CUDA stream without a GPU

@@ -1,0 +1,240 @@
+"""Pattern fusion of RealFormers written elsewhere: every attention layer with residual scores becomes one
+ResidualScoreAttention node chained through its ``scores``; plain attention and near misses are left alone."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import json
+import math
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+from attnres_export.cli import app
+from attnres_export.graphs.fusion import FusionResult, random_feeds
+from attnres_export.graphs.fusion.capture import capture_all
+from attnres_export.graphs.fusion.classify import ATTENTION, RESIDUAL, activations
+from attnres_export.graphs.fusion.graph import GraphIndex
+from attnres_export.graphs.fusion.residual_scores import fuse_residual_scores
+from attnres_export.graphs.fusion.residual_verify import verify_attention
+from attnres_export.graphs.targets import convert
+from attnres_export.graphs.types import value_types
+from attnres_export.ops.descriptors import OPS
+from attnres_export.ops.opset import DOMAIN, RESIDUAL_ATTENTION
+from attnres_export.parity.fusion_checks import fuse_and_check, onnxruntime_numerics
+from attnres_export.parity.metrics import compare, tolerance_for
+from attnres_export.parity.report import Report
+from tests.graphs.fusion.foreign_models import example_ids
+from tests.graphs.fusion.foreign_realformer import (
+    LAYERS,
+    NEAR_MISS,
+    RESIDUAL_STYLES,
+    BertStyleRealFormer,
+    PlainBert,
+    RunningMeanRealFormer,
+)
+from tests.graphs.fusion.helpers import dynamic_shapes, fuse, matches_torch, plain_onnx, save_program
+
+OPSET = {"bert-style": 18, "running-mean": 23, "einsum": 23}
+"""The styles through both ends of the opset range (the optimizer writes GELU and LayerNorm differently)."""
+
+
+def attention_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == RESIDUAL_ATTENTION and n.domain == DOMAIN]
+
+
+def inputs_of(node: onnx.NodeProto) -> dict[str, str]:
+    """Input name by formal input (``""`` for an absent one), whatever the spelling."""
+    op = OPS[RESIDUAL_ATTENTION]
+    return {spec.name: name for spec, name in zip(op.inputs, op.canonical_inputs(node), strict=True)}
+
+
+def attr(node: onnx.NodeProto, name: str):
+    return next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+
+
+def matches_torch_at(onnx_model: onnx.ModelProto, model: torch.nn.Module, dtype: str, batch: int = 3,
+                     seq: int = 6) -> bool:
+    """The ONNX model against the float32 PyTorch model, at the bar of ``dtype`` (docs/parity.md)."""
+    ids = example_ids(batch, seq, seed=1)
+    with torch.inference_mode():
+        expected = model(ids).numpy()
+    with OnnxRuntimeRunner(onnx_model) as runner:
+        got = next(iter(runner.infer({"input_ids": ids.numpy()}).values()))
+    return compare(np.asarray(got, np.float32), expected, tolerance_for(dtype)).ok
+
+
+@pytest.fixture(scope="module")
+def fused_styles() -> dict[str, tuple[FusionResult, Report]]:
+    """Each residual style's plain export, fused once for the tests that only read the result."""
+    return {style: fuse(plain_onnx(cls, opset=OPSET[style])) for style, cls in RESIDUAL_STYLES.items()}
+
+
+@pytest.mark.parametrize("style", sorted(RESIDUAL_STYLES))
+def test_every_residual_score_layer_fuses_into_one_node_and_the_result_matches_torch(style, fused_styles):
+    result, parity = fused_styles[style]
+    residual = [s for s in result.sites if s.kind == RESIDUAL]
+    assert [s.reason for s in residual] == [""] * LAYERS and all(s.fused for s in residual)
+    assert len(attention_nodes(result.model)) == result.fused_residual == LAYERS and result.fused == 0
+    assert not [n for n in result.model.graph.node if n.op_type == "Softmax"]
+    assert parity.ok
+    assert matches_torch(result.model, RESIDUAL_STYLES[style]().eval())
+
+
+@pytest.mark.parametrize("style", sorted(RESIDUAL_STYLES))
+def test_the_first_layer_has_no_prev_scores_and_each_next_layer_reads_the_previous_scores_output(style,
+                                                                                                   fused_styles):
+    nodes = attention_nodes(fused_styles[style][0].model)
+    assert inputs_of(nodes[0])["prev_scores"] == ""
+    for before, after in itertools.pairwise(nodes):
+        assert inputs_of(after)["prev_scores"] == before.output[1]
+    assert all(OPS[RESIDUAL_ATTENTION].node_problems(n) == [] for n in nodes)
+
+
+def test_scale_divisor_and_mask_are_read_off_each_style(fused_styles):
+    head_dim = BertStyleRealFormer().head_dim
+    bert, mean, einsum = (attention_nodes(fused_styles[s][0].model) for s in ("bert-style", "running-mean", "einsum"))
+    for nodes in (bert, mean):
+        assert [attr(n, "scale") for n in nodes] == pytest.approx([1 / math.sqrt(head_dim)] * LAYERS, rel=1e-6)
+    assert [attr(n, "scale") for n in einsum] == [1.0] * LAYERS
+    assert [attr(n, "logit_divisor") for n in bert + einsum] == [1.0] * 2 * LAYERS
+    assert [attr(n, "logit_divisor") for n in mean] == [1.0, 2.0, 3.0]
+    for nodes in (bert, einsum):
+        assert len({inputs_of(n)["mask_bias"] for n in nodes}) == 1 and inputs_of(nodes[0])["mask_bias"]
+    assert [inputs_of(n)["mask_bias"] for n in mean] == [""] * LAYERS
+
+
+def test_a_single_token_sequence_fuses_every_layer_and_matches_torch():
+    original = plain_onnx(BertStyleRealFormer, opset=18)
+    result, parity = fuse_and_check(original, random_feeds(original, 3, {"input_ids": [2, 1]}), seed=3)
+    assert result.fused_residual == LAYERS and parity.ok
+    assert matches_torch(result.model, BertStyleRealFormer().eval(), batch=2, seq=1)
+
+
+def test_float16_realformer_fuses_with_a_float32_running_sum_and_matches_torch_at_the_float16_bar():
+    model = RunningMeanRealFormer().eval()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        half = torch.onnx.export(RunningMeanRealFormer().eval().half(), (example_ids(),), dynamo=True,
+                                 dynamic_shapes=dynamic_shapes(), input_names=["input_ids"],
+                                 output_names=["hidden"], opset_version=18).model_proto
+    result, parity = fuse(half)
+    nodes = attention_nodes(result.model)
+    assert len(nodes) == result.fused_residual == LAYERS and parity.ok
+    types = value_types(result.model)
+    assert {types[n.output[1]] for n in nodes} == {onnx.TensorProto.FLOAT}
+    assert {types[inputs_of(n)["q"]] for n in nodes} == {onnx.TensorProto.FLOAT16}
+    for before, after in itertools.pairwise(nodes):
+        assert inputs_of(after)["prev_scores"] == before.output[1]
+    assert matches_torch_at(result.model, model, "float16")
+
+
+def test_bfloat16_realformer_fuses_and_passes_whole_model_parity_at_the_bfloat16_bar():
+    """The CPU runs bfloat16 through a float32 emulation, so the bar comes from the output's declared type."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        bf16 = torch.onnx.export(BertStyleRealFormer().eval().to(torch.bfloat16), (example_ids(),), dynamo=True,
+                                 dynamic_shapes=dynamic_shapes(), input_names=["input_ids"],
+                                 output_names=["hidden"], opset_version=18).model_proto
+    result, parity = fuse(bf16)
+    assert result.fused_residual == LAYERS and parity.ok, parity.to_dict()
+    assert parity.checks[0].outputs["hidden"].rel_l2 > 1e-5
+    assert {value_types(result.model)[inputs_of(n)["q"]] for n in attention_nodes(result.model)} == \
+        {onnx.TensorProto.BFLOAT16}
+
+
+def test_plain_attention_gets_no_residual_node_and_its_softmaxes_stay_attention():
+    original = plain_onnx(PlainBert, opset=18)
+    result, parity = fuse(original)
+    assert [s.kind for s in result.sites] == [ATTENTION] * LAYERS
+    assert result.fused_residual == 0 and attention_nodes(result.model) == []
+    assert len(result.model.graph.node) == len(original.graph.node) and parity.ok
+
+
+def test_attention_over_a_single_token_is_still_attention_and_not_an_unfused_depth_aggregation():
+    """With one key the attention softmax weighs one tensor, like a one-source aggregation; its Q K^T logits
+    and P V product of activations still say attention, so no depth site is reported unfused."""
+    original = plain_onnx(PlainBert, opset=18)
+    result, parity = fuse_and_check(original, random_feeds(original, 3, {"input_ids": [2, 1]}), seed=3)
+    assert [s.kind for s in result.sites] == [ATTENTION] * LAYERS
+    assert result.unfused_depth == [] and parity.ok
+
+
+@pytest.mark.parametrize(("style", "reason", "first"), [
+    ("scores-after-softmax", "after the softmax", ATTENTION),
+    ("multiplied-scores", "through Mul, not added", ATTENTION),
+    ("carried-mask", "a mask would accumulate", RESIDUAL),
+])
+def test_a_near_miss_is_rejected_with_its_reason_and_left_as_it_was(style, reason, first):
+    """The first layer is plain attention unless a later layer adds its scores (then it is rejected too)."""
+    original = plain_onnx(NEAR_MISS[style], opset=18)
+    result, parity = fuse(original)
+    rejected = [s for s in result.sites if s.kind == RESIDUAL]
+    assert len(rejected) == LAYERS - (first == ATTENTION) and not any(s.fused for s in rejected)
+    assert all(reason in s.reason for s in rejected), [s.reason for s in rejected]
+    assert result.sites[0].kind == first
+    assert attention_nodes(result.model) == [] and len(result.model.graph.node) == len(original.graph.node)
+    assert parity.ok
+
+
+@pytest.mark.parametrize(("field", "factor"), [("scale", 1.01), ("divisor", 1.01)])
+def test_verification_rejects_a_replacement_with_a_wrong_scale_or_divisor(field, factor):
+    model = plain_onnx(RunningMeanRealFormer, opset=18)
+    numerics = onnxruntime_numerics()
+    values = capture_all(model, random_feeds(model, 0), numerics)
+    index = GraphIndex(model)
+    depends = activations(index)
+    softmaxes = [n for n in index.nodes if n.op_type == "Softmax"]
+    replacements, _ = fuse_residual_scores(index, softmaxes, values, value_types(model), depends,
+                                           lambda name: index.constant(name), numerics, 0)
+    last = replacements[-1]
+    assert verify_attention(index, last, values, 0, numerics).ok
+    wrong = dataclasses.replace(last, **{field: getattr(last, field) * factor})
+    verdict = verify_attention(index, wrong, values, 0, numerics)
+    assert not verdict.ok and "differs from ResidualScoreAttention" in verdict.reason
+
+
+def test_the_fused_model_converts_to_portable_and_back_computing_the_same(fused_styles):
+    fused = fused_styles["bert-style"][0].model
+    portable = convert(fused, "portable")
+    assert attention_nodes(portable) == []
+    assert matches_torch(portable, BertStyleRealFormer().eval())
+    assert len(attention_nodes(convert(portable, "tensorrt"))) == LAYERS
+
+
+def test_fuse_command_reports_residual_score_attention_and_writes_one_node_per_layer(tmp_path):
+    source, out, report = tmp_path / "realformer.onnx", tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    onnx.save(plain_onnx(BertStyleRealFormer, opset=18), str(source))
+    result = CliRunner().invoke(app, ["fuse", str(source), "-o", str(out), "--report", str(report),
+                                      "--example-shape", "input_ids:2,1"])
+    assert result.exit_code == 0, result.output
+    assert f"{LAYERS} ResidualScoreAttention nodes" in result.output
+    assert len(attention_nodes(onnx.load(str(out)))) == LAYERS
+    data = json.loads(report.read_text())
+    assert (data["residual_attention"], data["residual_attention_fused"], data["fused"]) == (LAYERS, LAYERS, 0)
+    assert data["parity"]["ok"] and {s["kind"] for s in data["sites"]} == {RESIDUAL}
+
+
+def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_the_program(tmp_path):
+    model = RunningMeanRealFormer().eval()
+    program = save_program(model, tmp_path / "realformer.pt2")
+    out, report = tmp_path / "realformer.onnx", tmp_path / "export.json"
+    result = CliRunner().invoke(app, ["export", str(program), "-o", str(out), "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    written = onnx.load(str(out))
+    assert len(attention_nodes(written)) == LAYERS
+    assert all(OPS[RESIDUAL_ATTENTION].is_compact(n) for n in attention_nodes(written))
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["reference"] == "the PyTorch program"
+    assert data["fusion"]["residual_attention_fused"] == LAYERS
+    assert data["fused_nodes"] == LAYERS
+    assert f"{LAYERS} ResidualScoreAttention nodes fused" in result.output
+    assert matches_torch(written, model)
