@@ -19,8 +19,8 @@ from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import Tolerance
-from attnres_export.exporter.export import DEFAULT_OPSET, ExportOptions, validate_options
 from attnres_export.exporter.foreign import ForeignExportResult, export_source, module_source, refuse_unfused
+from attnres_export.exporter.options import DEFAULT_OPSET, ExportOptions, validate_options
 from attnres_export.graphs.fusion import FusionResult, random_feeds
 from attnres_export.graphs.validate import validate_attnres_nodes
 from attnres_export.parity.fusion_checks import fuse_and_check
@@ -38,7 +38,7 @@ def export(module: nn.Module, example_inputs: tuple | Mapping[str, torch.Tensor]
     ``OUT.failed.onnx`` and ``result.report.ok`` is False; errors are ``attnres_export.errors.AttnresError``.
     """
     args, kwargs = ((), dict(example_inputs)) if isinstance(example_inputs, Mapping) else (tuple(example_inputs), {})
-    opts = ExportOptions(checkpoint=Path(f"<{type(module).__name__}>"), output=Path(output), target=target, opset=opset,
+    opts = ExportOptions(source=Path(f"<{type(module).__name__}>"), output=Path(output), target=target, opset=opset,
                          batch=DimRange(1, 1, 1), check=check, seed=seed, tolerances=dict(tolerances or {}))
     validate_options(opts)
     source = module_source(module.eval().float(), args, kwargs, dynamic_shapes, opset)

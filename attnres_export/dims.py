@@ -18,3 +18,11 @@ class DimRange:
 
     def as_list(self) -> list[int]:
         return [self.min, self.opt, self.max]
+
+
+def check_shapes(ranges: dict[str, DimRange]) -> list[tuple[int, int]]:
+    """Two (batch, seq) shapes inside the ranges: the optimum, and the largest batch with the fewest tokens
+    (a single token whenever the range allows it)."""
+    batch, seq = ranges["batch"], ranges["seq"]
+    shapes = [(batch.opt, seq.opt), (batch.max, seq.min)]
+    return list(dict.fromkeys(shapes))

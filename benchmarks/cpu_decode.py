@@ -24,7 +24,8 @@ import torch
 
 from attnres_export.decode.generate import Stepper, TorchStepper, onnx_stepper
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
 

@@ -27,7 +27,8 @@ from rich.table import Table
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.backends.pytorch.runner import TorchRunner
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.targets import convert
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example

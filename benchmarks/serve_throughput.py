@@ -133,7 +133,8 @@ def main() -> None:
 
     from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
     from attnres_export.dims import DimRange
-    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
 
     console = Console(width=120)
     with tempfile.TemporaryDirectory(prefix="attnres-serve-bench-") as tmp:

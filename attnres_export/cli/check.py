@@ -106,8 +106,7 @@ def refuse_shapes_outside(shapes: list[tuple[int, int]], recorded: list[dict[str
 
 def default_shapes(dims: dict[str, list[int]]) -> list[tuple[int, int]]:
     """The opt shape and the largest batch with the fewest tokens, from recorded batch/seq ranges."""
-    from attnres_export.dims import DimRange
-    from attnres_export.exporter.export import check_shapes
+    from attnres_export.dims import DimRange, check_shapes
 
     if "batch" not in dims or "seq" not in dims:
         raise AttnresError("no batch/seq ranges recorded in the artifacts; pass --shapes B,T")

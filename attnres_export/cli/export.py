@@ -58,13 +58,14 @@ def export(
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
-    from attnres_export.exporter.export import ExportOptions
-    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions, export_any
+    from attnres_export.exporter.export import export_any
+    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
+    from attnres_export.exporter.options import ExportOptions
 
     if report is not None and not check:
         raise AttnresError("--report needs the parity check; drop --no-check or --report")
     opts = ExportOptions(
-        checkpoint=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
+        source=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
         with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm,
     )

@@ -27,8 +27,8 @@ def fuse(
     layer with residual scores (RealFormer) by one ResidualScoreAttention node, then check parity."""
     from attnres_export.atomic import write_text_atomic
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
-    from attnres_export.exporter.export import publish
     from attnres_export.exporter.foreign import refuse_unfused
+    from attnres_export.exporter.options import publish
     from attnres_export.graphs.fusion import random_feeds
     from attnres_export.graphs.load import load_onnx
     from attnres_export.parity.fusion_checks import fuse_and_check

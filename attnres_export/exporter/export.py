@@ -1,310 +1,61 @@
-"""``attnres-export``: checkpoint -> ONNX for a target and dtype, then the parity check on ONNX Runtime CPU."""
+"""The export entry: one function for every kind of model file (docs/architecture.md#the-path-of-a-model).
+
+An attnres checkpoint (a ``.pt`` file or a checkpoint folder) goes through ``exporter/checkpoint.py``; a model
+written elsewhere (``.pt2`` program, ONNX file, trusted pickle) through ``exporter/foreign.py``.
+"""
+
 
 from __future__ import annotations
 
-import gc
-import json
-from collections import Counter
+import pickle
+import zipfile
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import onnx
-import onnx_ir as ir
 import torch
 
-from attnres_export import __version__
-from attnres_export.atomic import check_outputs, temporary_dir_beside
-from attnres_export.backends.base import Runner
-from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
-from attnres_export.backends.pytorch.runner import TorchRunner
-from attnres_export.dims import DimRange
-from attnres_export.dtypes import STORAGE_TYPES, Tolerance
+from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError
-from attnres_export.exporter.staging import Stage
-from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
-from attnres_export.graphs.metadata import EXPORT_KEY
-from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
-from attnres_export.graphs.save import save_onnx_atomic
-from attnres_export.graphs.targets import convert
-from attnres_export.models import load_checkpoint
-from attnres_export.models.attnres_lm import AttnResLM
-from attnres_export.models.checkpoint import model_as, stored_as
-from attnres_export.models.config import ModelConfig
-from attnres_export.ops.opset import OPSET_VERSION
-from attnres_export.parity.metrics import tolerance_for
-from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
-
-DEFAULT_OPSET = 18
-SUPPORTED_OPSETS = range(18, 24)
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.foreign import ForeignOptions, export_source, load_foreign
+from attnres_export.exporter.options import ExportOptions, ExportResult, validate_options
 
 
-@dataclass
-class ExportOptions:
-    checkpoint: Path
-    output: Path | None = None
-    target: str = "tensorrt"
-    dtype: str = "float32"
-    opset: int = DEFAULT_OPSET
-    batch: DimRange = field(default_factory=lambda: DimRange(1, 1, 8))
-    seq: DimRange | None = None
-    check: bool = True
-    seed: int = 0
-    tolerances: dict[str, Tolerance] = field(default_factory=dict)
-    with_past: bool = False
-    """Export the KV-cache graph (docs/decode.md): past_key_values in, presents out."""
-    past: DimRange | None = None
-    fuse_norm: bool = False
-    """Export each aggregation and the RMSNorm after it as one AttnResAggregateNorm node."""
+def model_kind(path: Path) -> str:
+    """``onnx``, ``program`` (.pt2), ``pickle`` (a whole pickled object) or ``checkpoint`` (anything else).
 
-    def resolved_output(self) -> Path:
-        if self.output is not None:
-            return self.output
-        suffix = ("" if self.dtype == "float32" else f".{self.dtype}") + (".with-past" if self.with_past else "")
-        stem = self.checkpoint.name if self.checkpoint.is_dir() else self.checkpoint.stem
-        return self.checkpoint.with_name(f"{stem}{suffix}.{self.target}.onnx")
+    The peek is memory-mapped, so an ordinary checkpoint is not read twice."""
+    if path.suffix == ".onnx":
+        return "onnx"
+    if path.suffix == ".pt2":
+        return "program"
+    if not path.is_file():
+        return "checkpoint"
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        return "pickle" if "Unsupported global" in str(exc) else "checkpoint"
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
+        return "checkpoint"
+    return "checkpoint"
 
 
-@dataclass
-class ExportResult:
-    path: Path
-    files: list[Path]
-    fused_nodes: int
-    expected_aggregations: int
-    report: Report | None
-    fused_by_type: dict[str, int] = field(default_factory=dict)
-
-
-def validate_options(opts: ExportOptions) -> None:
-    if opts.target not in ("tensorrt", "portable"):
-        raise ExportError(f"--target {opts.target!r}: choose tensorrt or portable (ort-trt: `attnres convert`)")
-    if opts.dtype not in STORAGE_TYPES:
-        raise ExportError(f"--dtype {opts.dtype!r}: choose one of {', '.join(STORAGE_TYPES)}")
-    if opts.opset not in SUPPORTED_OPSETS:
-        raise ExportError(
-            f"--opset {opts.opset}: supported are {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
-        )
-
-
-@dataclass
-class References:
-    """The PyTorch side of a parity check, computed before the ONNX side so the model can be released."""
-
-    feeds: dict[tuple[int, ...], dict[str, np.ndarray]]
-    expected: dict[tuple[int, ...], dict[str, np.ndarray]]
-    exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None
-
-
-@dataclass
-class _Job:
-    """What one export traces, how it is stamped and what checks it: the plain graph or the with-past one."""
-
-    ranges: dict[str, DimRange]
-    trace: Callable[[], ir.Model] | None
-    """Traces the export model; dropped once used, so that the model can be released."""
-    dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]
-    metadata: dict
-    expected_nodes: int
-    shapes: list[tuple[int, ...]]
-    reference_model: Callable[[], torch.nn.Module]
-    checks: Callable[[torch.nn.Module], tuple[FeedMaker, Runner, Runner | None]]
-    """The feeds, the float32 reference runner and the float64 one (or None) of a reference model."""
-    report_extra: dict
-
-
-def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
-    """Export ``opts.checkpoint``; raises AttnresError subclasses with one-line messages on bad input.
-
-    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced
-    without a copy when it is stored in the export dtype (``_models``); the traced weights go straight to the
-    staging folder's data file; the PyTorch references run before ONNX Runtime opens the staged file, and the
-    model is released between."""
+def export_any(opts: ExportOptions, foreign: ForeignOptions,
+               status: Callable[[str], None] = lambda _: None) -> ExportResult:
+    """Export an attnres checkpoint as before, or a foreign model through pattern fusion."""
+    kind = model_kind(opts.source)
+    if kind == "checkpoint":
+        return export_checkpoint(opts, status)
+    if opts.with_past or opts.past is not None:
+        raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
+                          f"{opts.source.name} is a foreign model ({kind}), which is exported as it is")
+    if opts.fuse_norm:
+        raise ExportError(f"--fuse-norm: only attnres checkpoints are exported with fused norms; "
+                          f"{opts.source.name} is a foreign model ({kind}); drop --fuse-norm")
     validate_options(opts)
-    out = opts.resolved_output()
-    check_outputs({"-o": out}, {"MODEL": opts.checkpoint})
-    status(f"loading {opts.checkpoint}")
-    job = _job(*_models(opts), opts)
-    with temporary_dir_beside(out) as folder:
-        stage = Stage(folder, out.name)
-        status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset}), weights to disk")
-        graph = stage.write_traced(job.trace())
-        job.trace = None
-        gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
-        name_dynamic_dims(graph, job.dynamic_dims)
-        graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
-        stage.write_graph(graph)
-        del graph
-        report = None
-        if opts.check:
-            references = _reference_outputs(job, status)
-            shapes, report_extra = job.shapes, job.report_extra
-            del job
-            gc.collect()
-            report = _check_staged(stage.path, out.name, shapes, references, opts, status)
-            report.extra.update(report_extra)
-        target = out if report is None or report.ok else failed_path(out)
-        status(f"checking and writing {target}")
-        files = stage.publish(target)
-    if report is not None:
-        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
-    return ExportResult(target, files, fused, fused, report, fused_by_type)
-
-
-def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], ModelConfig]:
-    """The model to trace, how to get the reference model, and the config.
-
-    A checkpoint stored in the export dtype is one model for both. Otherwise the stored weights and the cast
-    ones are never resident together: the traced model is loaded cast (the file mapped group by group), and the
-    reference is mapped again when the references run, after the traced model is gone."""
-    model, cfg = load_checkpoint(opts.checkpoint, dtype=None)
-    if stored_as(model, opts.dtype):
-        return model, lambda: model, cfg
-    model = None  # the stored weights go before the cast copy is made
-    traced, _ = load_checkpoint(opts.checkpoint, dtype=opts.dtype)
-    return traced, lambda: load_checkpoint(opts.checkpoint, dtype=None)[0], cfg
-
-
-def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
-         opts: ExportOptions) -> _Job:
-    if opts.fuse_norm and not (isinstance(traced, AttnResLM) and traced.aggregation_count()):
-        raise ExportError(f"--fuse-norm: this {cfg.arch} model has no depth aggregations to fuse with their norm; "
-                          "drop --fuse-norm")
-    if opts.with_past:
-        return _with_past_job(traced, reference_model, cfg, opts)
-    if opts.past is not None:
-        raise ExportError("--past needs --with-past")
-    seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
-    if seq.max > cfg.max_seq_len:
-        raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
-    ranges = {"batch": opts.batch, "seq": seq}
-    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
-    dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
-               for name, axes in traced.input_axes.items()}
-
-    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
-        def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-            return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
-
-        names = list(model.output_names)
-        return feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64")
-
-    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
-                traced.fused_node_count(), check_shapes(ranges), reference_model, checks, {})
-
-
-def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
-                   opts: ExportOptions) -> _Job:
-    from attnres_export.exporter.with_past import (
-        check_shapes_with_past,
-        dynamic_dims_with_past,
-        export_with_past,
-        past_feed_maker,
-        with_past_ranges,
-    )
-    from attnres_export.models.attnres_lm import AttnResLMWithPast, WithPastFeeds
-
-    ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
-    wrapper = AttnResLMWithPast(traced)
-    metadata = {"arch": cfg.arch, "with_past": True, "inputs": wrapper.input_axes(), "n_layers": cfg.n_layers,
-                "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-                "max_seq_len": cfg.max_seq_len}
-    dynamic = dynamic_dims_with_past(wrapper, ranges)
-
-    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
-        reference = AttnResLMWithPast(model)
-        return (past_feed_maker(reference, opts.dtype, opts.seed),
-                TorchRunner(WithPastFeeds(reference), reference.output_names()), None)
-
-    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
-                                                 opts.fuse_norm)[0], dynamic,
-                metadata, traced.fused_node_count(), check_shapes_with_past(ranges), reference_model, checks,
-                {"with_past": True, "shapes": "batch x seq x past"})
-
-
-def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportOptions,
-                       ranges: dict[str, DimRange], extra_meta: dict
-                       ) -> tuple[onnx.ModelProto, int, dict[str, int]]:
-    """Check the export fused every aggregation the model has, stamp the export metadata, and convert the
-    fused nodes to the target's form: ``(model, fused, fused_by_type)``."""
-    fused_nodes = attnres_nodes(onnx_model.graph)
-    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
-    if fused != expected:
-        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
-                          "please report this")
-    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
-            "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()}, **extra_meta}
-    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
-    if fused:
-        onnx_model = convert(onnx_model, opts.target)
-    return onnx_model, fused, fused_by_type
-
-
-def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
-                 status: Callable[[str], None] = lambda _: None) -> Report:
-    """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
-    job = _job(model, lambda: model, model.config, opts)
-    return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
-
-
-def _reference_outputs(job: _Job, status: Callable[[str], None]) -> References:
-    """The PyTorch outputs (float32, and float64 when the job has it) at every check shape, with their feeds."""
-    status("parity: PyTorch references")
-    make_feeds, reference, precise = job.checks(job.reference_model())
-    feeds = {shape: make_feeds(shape) for shape in job.shapes}
-    expected = run_reference(reference, job.shapes, feeds.__getitem__)
-    exact = run_reference(precise, job.shapes, feeds.__getitem__) if precise is not None else None
-    return References(feeds, expected, exact)
-
-
-def _check_staged(path: Path, artifact: str, shapes: list[tuple[int, ...]], references: References,
-                  opts: ExportOptions, status: Callable[[str], None]) -> Report:
-    """Run the staged ONNX on ONNX Runtime CPU against the PyTorch outputs: against float64 PyTorch at a bar that
-    scales with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars), else
-    against float32 PyTorch."""
-    runner = OnnxRuntimeRunner(path, artifact=artifact)
-    tol = tolerance_for(opts.dtype, opts.tolerances)
-    return run_checks(None, [(runner, opts.dtype, tol)], shapes, references.feeds.__getitem__,
-                      progress=lambda what: status(f"parity: {what}"), expected=references.expected,
-                      exact=references.exact)
-
-
-def failed_path(out: Path) -> Path:
-    """Where a model that missed its parity bar is kept: ``OUT.failed.onnx`` beside ``OUT``."""
-    return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
-
-
-def publish(model: onnx.ModelProto, out: Path, report: Report | None,
-            status: Callable[[str], None]) -> tuple[Path, list[Path]]:
-    """Write ``model`` to ``out`` when its check passed (or did not run), else to ``OUT.failed.onnx``: a model
-    that failed its check never replaces a good file (docs/security.md)."""
-    target = out if report is None or report.ok else failed_path(out)
-    status(f"checking and writing {target}")
-    return target, save_onnx_atomic(model, target)
-
-
-def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
-            dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions) -> ir.Model:
-    """Trace ``model`` in the export dtype: the model itself when its weights are stored in it (no copy)."""
-    export_model = model_as(model, opts.dtype)
-    trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
-    feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
-    example = {k: torch.from_numpy(v) for k, v in feeds.items()}
-    with export_model.score_weights_folded(), export_model.norms_fused() if opts.fuse_norm else nullcontext():
-        return export_module(export_model, example, dynamic, list(model.output_names), opts.opset)
-
-
-def _trace_size(rng: DimRange) -> int:
-    """torch.export specialises sizes 0 and 1, so a dynamic dim is traced at a size of at least 2."""
-    if rng.min == rng.max:
-        return rng.min
-    return min(max(rng.opt, 2), rng.max)
-
-
-def check_shapes(ranges: dict[str, DimRange]) -> list[tuple[int, int]]:
-    """Two (batch, seq) shapes inside the ranges: the optimum, and the largest batch with the fewest tokens
-    (a single token whenever the range allows it)."""
-    batch, seq = ranges["batch"], ranges["seq"]
-    shapes = [(batch.opt, seq.opt), (batch.max, seq.min)]
-    return list(dict.fromkeys(shapes))
+    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.source})
+    if opts.dtype != "float32" and kind == "onnx":
+        raise ExportError("--dtype: an ONNX file is exported in its own precision; export the source model in "
+                          f"{opts.dtype} (or give attnres-export its .pt2 program) to change it")
+    status(f"loading {opts.source}")
+    return export_source(load_foreign(kind, opts, foreign), opts, foreign.strict, status)

@@ -3,14 +3,13 @@ user trusts it) a pickled nn.Module. Each becomes an unfused ONNX graph whose ag
 pattern (attnres_export.graphs.fusion) and checked against the unfused graph on the same inputs.
 """
 
+
 from __future__ import annotations
 
 import copy
 import importlib
 import json
 import logging
-import pickle
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +20,9 @@ import torch
 from torch import nn
 
 from attnres_export import __version__
-from attnres_export.atomic import check_outputs
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
-from attnres_export.exporter.export import ExportOptions, ExportResult, export_checkpoint, publish, validate_options
+from attnres_export.exporter.options import ExportOptions, ExportResult, publish
 from attnres_export.exporter.pt2_archive import unsafe_members
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
 from attnres_export.graphs.fusion import FusionResult, random_feeds
@@ -63,51 +61,11 @@ class ForeignExportResult(ExportResult):
     fusion: FusionResult | None = None
 
 
-def model_kind(path: Path) -> str:
-    """``onnx``, ``program`` (.pt2), ``pickle`` (a whole pickled object) or ``checkpoint`` (anything else).
-
-    The peek is memory-mapped, so an ordinary checkpoint is not read twice."""
-    if path.suffix == ".onnx":
-        return "onnx"
-    if path.suffix == ".pt2":
-        return "program"
-    if not path.is_file():
-        return "checkpoint"
-    try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as exc:
-        return "pickle" if "Unsupported global" in str(exc) else "checkpoint"
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
-        return "checkpoint"
-    return "checkpoint"
-
-
-def export_any(opts: ExportOptions, foreign: ForeignOptions,
-               status: Callable[[str], None] = lambda _: None) -> ExportResult:
-    """Export an attnres checkpoint as before, or a foreign model through pattern fusion."""
-    kind = model_kind(opts.checkpoint)
-    if kind == "checkpoint":
-        return export_checkpoint(opts, status)
-    if opts.with_past or opts.past is not None:
-        raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
-                          f"{opts.checkpoint.name} is a foreign model ({kind}), which is exported as it is")
-    if opts.fuse_norm:
-        raise ExportError(f"--fuse-norm: only attnres checkpoints are exported with fused norms; "
-                          f"{opts.checkpoint.name} is a foreign model ({kind}); drop --fuse-norm")
-    validate_options(opts)
-    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.checkpoint})
-    if opts.dtype != "float32" and kind == "onnx":
-        raise ExportError("--dtype: an ONNX file is exported in its own precision; export the source model in "
-                          f"{opts.dtype} (or give attnres-export its .pt2 program) to change it")
-    status(f"loading {opts.checkpoint}")
-    return export_source(_load(kind, opts, foreign), opts, foreign.strict, status)
-
-
 def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = False,
                   status: Callable[[str], None] = lambda _: None) -> ForeignExportResult:
     """Fuse a foreign model's ONNX, convert it for the target, check it against its reference, write it."""
     original, feeds = source.onnx, source.feeds
-    refuse_crashing(original, feeds, str(opts.checkpoint))
+    refuse_crashing(original, feeds, str(opts.source))
     status("finding and verifying aggregations")
     fusion = fuse_with_shape_hint(original, feeds, opts.seed)
     refuse_unfused(fusion, strict)
@@ -157,8 +115,8 @@ def refuse_unfused(fusion: FusionResult, strict: bool) -> None:
                           f"{left[0].reason}); drop --strict to write the model with them as standard ops")
 
 
-def _load(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSource:
-    path = opts.checkpoint
+def load_foreign(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSource:
+    path = opts.source
     if not path.is_file():
         raise ExportError(f"{path}: no such file")
     shapes = {name: dims for name, (dims, _) in foreign.example_shapes.items()}

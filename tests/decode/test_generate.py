@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from attnres_export.decode.generate import Sampling, TorchStepper, generate, onnx_stepper
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import load_checkpoint
 from tests.cli.test_cli import assert_one_line_error, invoke
 from tests.conftest import write_checkpoint

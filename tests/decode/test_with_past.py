@@ -13,7 +13,8 @@ import torch
 
 from attnres_export.backends.tensorrt.profiles import derive_profile
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.exporter.with_past import past_feed_maker
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.models import load_checkpoint

@@ -10,7 +10,8 @@ import pytest
 from attnres_export.backends.tensorrt.builder import BuildOptions, build_engine
 from attnres_export.backends.tensorrt.runner import TensorRTRunner
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from tests.backends.tensorrt.conftest import fake_trt, libraries  # noqa: F401 - fixtures
 from tests.conftest import write_checkpoint
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from attnres_export.dims import DimRange
-from attnres_export.exporter import export
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter import checkpoint as export
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import ModelConfig, save_checkpoint
 from attnres_export.models.example import make_example
 from tests.conftest import SMALL

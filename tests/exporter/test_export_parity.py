@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, ExportResult, check_export, export_checkpoint
+from attnres_export.exporter.checkpoint import check_export, export_checkpoint
+from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert

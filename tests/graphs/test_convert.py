@@ -8,7 +8,8 @@ import pytest
 
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.errors import GraphError
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.targets import convert, detect_target
 from attnres_export.ops.opset import ORT_TRT_DOMAIN

@@ -11,7 +11,8 @@ import pytest
 from onnx import numpy_helper
 
 from attnres_export.dims import DimRange
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
 from attnres_export.models import ModelConfig, save_checkpoint

@@ -15,7 +15,8 @@ from attnres_export.backends.pytorch.runner import TorchRunner
 from attnres_export.cli import app
 from attnres_export.dims import DimRange
 from attnres_export.errors import CheckpointError
-from attnres_export.exporter.export import ExportOptions, export_checkpoint
+from attnres_export.exporter.checkpoint import export_checkpoint
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.types import value_types
 from attnres_export.models import load_checkpoint

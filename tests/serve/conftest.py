@@ -23,7 +23,8 @@ NEEDS_SERVER = pytest.mark.skipif(not HAS_SERVER, reason="the serve extra is mis
 def served_onnx(block2_checkpoint, tmp_path_factory) -> Path:
     """A float32 --target tensorrt export (attnres nodes), batch 1:4:16, seq 1:8:64."""
     from attnres_export.dims import DimRange
-    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
 
     out = tmp_path_factory.mktemp("serve") / "tiny.tensorrt.onnx"
     export_checkpoint(ExportOptions(block2_checkpoint, out, batch=DimRange(1, 4, 16), seq=DimRange(1, 8, 64),

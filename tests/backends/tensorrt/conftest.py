@@ -63,7 +63,8 @@ def gpu_visible(monkeypatch) -> None:
 def exported_onnx(block2_checkpoint, tmp_path_factory) -> Path:
     """A float16 --target tensorrt export with five AttnResAggregate nodes, batch 1:2:4, seq 1:16:64."""
     from attnres_export.dims import DimRange
-    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
 
     out = tmp_path_factory.mktemp("fake-trt") / "m.float16.tensorrt.onnx"
     export_checkpoint(ExportOptions(block2_checkpoint, out, dtype="float16", batch=DimRange(1, 2, 4),

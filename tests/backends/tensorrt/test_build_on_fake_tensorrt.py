@@ -142,7 +142,8 @@ def test_cli_build_with_embed_plugin_reports_the_plugin_embedded(fake_trt, libra
 
 def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fake_trt, libraries, block2_checkpoint,
                                                                              tmp_path):
-    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
 
     onnx_path = tmp_path / "n.onnx"
     export_checkpoint(ExportOptions(block2_checkpoint, onnx_path, dtype="float16", batch=DimRange(1, 2, 4),

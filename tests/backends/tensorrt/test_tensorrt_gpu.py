@@ -20,7 +20,8 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from attnres_export.dims import DimRange
-    from attnres_export.exporter.export import ExportOptions, export_checkpoint
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
     from attnres_export.models import ModelConfig, save_checkpoint
     from attnres_export.models.example import make_example
     from attnres_export.plugins.build import build_plugins

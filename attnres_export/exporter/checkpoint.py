@@ -1,0 +1,238 @@
+"""The attnres-checkpoint pipeline: load, trace (plain or with-past graph), stamp, convert for the target, check
+against the float64 PyTorch model on ONNX Runtime CPU, publish (docs/architecture.md#the-path-of-a-model)."""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections import Counter
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import torch
+
+from attnres_export import __version__
+from attnres_export.atomic import check_outputs, temporary_dir_beside
+from attnres_export.backends.base import Runner
+from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+from attnres_export.backends.pytorch.runner import TorchRunner
+from attnres_export.dims import DimRange, check_shapes
+from attnres_export.errors import ExportError
+from attnres_export.exporter.options import ExportOptions, ExportResult, failed_path, validate_options
+from attnres_export.exporter.staging import Stage
+from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
+from attnres_export.graphs.metadata import EXPORT_KEY
+from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
+from attnres_export.graphs.targets import convert
+from attnres_export.models import load_checkpoint
+from attnres_export.models.attnres_lm import AttnResLM
+from attnres_export.models.checkpoint import model_as, stored_as
+from attnres_export.models.config import ModelConfig
+from attnres_export.ops.opset import OPSET_VERSION
+from attnres_export.parity.metrics import tolerance_for
+from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
+
+
+@dataclass
+class References:
+    """The PyTorch side of a parity check, computed before the ONNX side so the model can be released."""
+
+    feeds: dict[tuple[int, ...], dict[str, np.ndarray]]
+    expected: dict[tuple[int, ...], dict[str, np.ndarray]]
+    exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None
+
+
+@dataclass
+class _Job:
+    """What one export traces, how it is stamped and what checks it: the plain graph or the with-past one."""
+
+    ranges: dict[str, DimRange]
+    trace: Callable[[], ir.Model] | None
+    """Traces the export model; dropped once used, so that the model can be released."""
+    dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]
+    metadata: dict
+    expected_nodes: int
+    shapes: list[tuple[int, ...]]
+    reference_model: Callable[[], torch.nn.Module]
+    checks: Callable[[torch.nn.Module], tuple[FeedMaker, Runner, Runner | None]]
+    """The feeds, the float32 reference runner and the float64 one (or None) of a reference model."""
+    report_extra: dict
+
+
+def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
+    """Export ``opts.source``; raises AttnresError subclasses with one-line messages on bad input.
+
+    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced
+    without a copy when it is stored in the export dtype (``_models``); the traced weights go straight to the
+    staging folder's data file; the PyTorch references run before ONNX Runtime opens the staged file, and the
+    model is released between."""
+    validate_options(opts)
+    out = opts.resolved_output()
+    check_outputs({"-o": out}, {"MODEL": opts.source})
+    status(f"loading {opts.source}")
+    job = _job(*_models(opts), opts)
+    with temporary_dir_beside(out) as folder:
+        stage = Stage(folder, out.name)
+        status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset}), weights to disk")
+        graph = stage.write_traced(job.trace())
+        job.trace = None
+        gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+        name_dynamic_dims(graph, job.dynamic_dims)
+        graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
+        stage.write_graph(graph)
+        del graph
+        report = None
+        if opts.check:
+            references = _reference_outputs(job, status)
+            shapes, report_extra = job.shapes, job.report_extra
+            del job
+            gc.collect()
+            report = _check_staged(stage.path, out.name, shapes, references, opts, status)
+            report.extra.update(report_extra)
+        target = out if report is None or report.ok else failed_path(out)
+        status(f"checking and writing {target}")
+        files = stage.publish(target)
+    if report is not None:
+        report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
+    return ExportResult(target, files, fused, fused, report, fused_by_type)
+
+
+def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], ModelConfig]:
+    """The model to trace, how to get the reference model, and the config.
+
+    A checkpoint stored in the export dtype is one model for both. Otherwise the stored weights and the cast
+    ones are never resident together: the traced model is loaded cast (the file mapped group by group), and the
+    reference is mapped again when the references run, after the traced model is gone."""
+    model, cfg = load_checkpoint(opts.source, dtype=None)
+    if stored_as(model, opts.dtype):
+        return model, lambda: model, cfg
+    model = None  # the stored weights go before the cast copy is made
+    traced, _ = load_checkpoint(opts.source, dtype=opts.dtype)
+    return traced, lambda: load_checkpoint(opts.source, dtype=None)[0], cfg
+
+
+def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
+         opts: ExportOptions) -> _Job:
+    if opts.fuse_norm and not (isinstance(traced, AttnResLM) and traced.aggregation_count()):
+        raise ExportError(f"--fuse-norm: this {cfg.arch} model has no depth aggregations to fuse with their norm; "
+                          "drop --fuse-norm")
+    if opts.with_past:
+        return _with_past_job(traced, reference_model, cfg, opts)
+    if opts.past is not None:
+        raise ExportError("--past needs --with-past")
+    seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
+    if seq.max > cfg.max_seq_len:
+        raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
+    ranges = {"batch": opts.batch, "seq": seq}
+    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
+    dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
+               for name, axes in traced.input_axes.items()}
+
+    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
+        def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+            return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
+
+        names = list(model.output_names)
+        return feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64")
+
+    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
+                traced.fused_node_count(), check_shapes(ranges), reference_model, checks, {})
+
+
+def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
+                   opts: ExportOptions) -> _Job:
+    from attnres_export.exporter.with_past import (
+        check_shapes_with_past,
+        dynamic_dims_with_past,
+        export_with_past,
+        past_feed_maker,
+        with_past_ranges,
+    )
+    from attnres_export.models.attnres_lm import AttnResLMWithPast, WithPastFeeds
+
+    ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
+    wrapper = AttnResLMWithPast(traced)
+    metadata = {"arch": cfg.arch, "with_past": True, "inputs": wrapper.input_axes(), "n_layers": cfg.n_layers,
+                "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                "max_seq_len": cfg.max_seq_len}
+    dynamic = dynamic_dims_with_past(wrapper, ranges)
+
+    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
+        reference = AttnResLMWithPast(model)
+        return (past_feed_maker(reference, opts.dtype, opts.seed),
+                TorchRunner(WithPastFeeds(reference), reference.output_names()), None)
+
+    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
+                                                 opts.fuse_norm)[0], dynamic,
+                metadata, traced.fused_node_count(), check_shapes_with_past(ranges), reference_model, checks,
+                {"with_past": True, "shapes": "batch x seq x past"})
+
+
+def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportOptions,
+                       ranges: dict[str, DimRange], extra_meta: dict
+                       ) -> tuple[onnx.ModelProto, int, dict[str, int]]:
+    """Check the export fused every aggregation the model has, stamp the export metadata, and convert the
+    fused nodes to the target's form: ``(model, fused, fused_by_type)``."""
+    fused_nodes = attnres_nodes(onnx_model.graph)
+    fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
+    if fused != expected:
+        raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
+                          "please report this")
+    meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
+            "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()}, **extra_meta}
+    set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
+    if fused:
+        onnx_model = convert(onnx_model, opts.target)
+    return onnx_model, fused, fused_by_type
+
+
+def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
+                 status: Callable[[str], None] = lambda _: None) -> Report:
+    """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
+    job = _job(model, lambda: model, model.config, opts)
+    return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
+
+
+def _reference_outputs(job: _Job, status: Callable[[str], None]) -> References:
+    """The PyTorch outputs (float32, and float64 when the job has it) at every check shape, with their feeds."""
+    status("parity: PyTorch references")
+    make_feeds, reference, precise = job.checks(job.reference_model())
+    feeds = {shape: make_feeds(shape) for shape in job.shapes}
+    expected = run_reference(reference, job.shapes, feeds.__getitem__)
+    exact = run_reference(precise, job.shapes, feeds.__getitem__) if precise is not None else None
+    return References(feeds, expected, exact)
+
+
+def _check_staged(path: Path, artifact: str, shapes: list[tuple[int, ...]], references: References,
+                  opts: ExportOptions, status: Callable[[str], None]) -> Report:
+    """Run the staged ONNX on ONNX Runtime CPU against the PyTorch outputs: against float64 PyTorch at a bar that
+    scales with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars), else
+    against float32 PyTorch."""
+    runner = OnnxRuntimeRunner(path, artifact=artifact)
+    tol = tolerance_for(opts.dtype, opts.tolerances)
+    return run_checks(None, [(runner, opts.dtype, tol)], shapes, references.feeds.__getitem__,
+                      progress=lambda what: status(f"parity: {what}"), expected=references.expected,
+                      exact=references.exact)
+
+
+def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
+            dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions) -> ir.Model:
+    """Trace ``model`` in the export dtype: the model itself when its weights are stored in it (no copy)."""
+    export_model = model_as(model, opts.dtype)
+    trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
+    feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
+    example = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    with export_model.score_weights_folded(), export_model.norms_fused() if opts.fuse_norm else nullcontext():
+        return export_module(export_model, example, dynamic, list(model.output_names), opts.opset)
+
+
+def _trace_size(rng: DimRange) -> int:
+    """torch.export specialises sizes 0 and 1, so a dynamic dim is traced at a size of at least 2."""
+    if rng.min == rng.max:
+        return rng.min
+    return min(max(rng.opt, 2), rng.max)
