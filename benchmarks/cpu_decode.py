@@ -22,28 +22,29 @@ import numpy as np
 import onnxruntime
 import torch
 
-from attnres_export.decode.generate import Stepper, TorchStepper, onnx_stepper
+from attnres_export.decode.generate import Decoder, onnx_decoder, torch_decoder
 from attnres_export.dims import DimRange
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
-CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
+CONFIG = AttnResLMConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
 
 
-def run_once(stepper: Stepper, prompt: np.ndarray, new: int) -> tuple[float, float, float, float, list[int]]:
+def run_once(decoder: Decoder, prompt: np.ndarray, new: int) -> tuple[float, float, float, float, list[int]]:
     """(prefill wall s, prefill CPU s, decode wall s, decode CPU s, first row's tokens) of one greedy generation."""
     b, n = prompt.shape
     wall, cpu = time.perf_counter(), time.process_time()
-    logits, past = stepper.step(prompt, np.ones((b, n), np.int64), np.broadcast_to(np.arange(n), (b, n)).copy(),
-                                stepper.empty_past(b))
+    logits, past = decoder.step(prompt, np.ones((b, n), np.int64), np.broadcast_to(np.arange(n), (b, n)).copy(),
+                                decoder.empty_past(b))
     token = logits[:, -1].argmax(-1)
     prefill = (time.perf_counter() - wall, time.process_time() - cpu)
     tokens = [int(token[0])]
     wall, cpu = time.perf_counter(), time.process_time()
     for pos in range(n, n + new - 1):
-        logits, past = stepper.step(token[:, None].astype(np.int64), np.ones((b, pos + 1), np.int64),
+        logits, past = decoder.step(token[:, None].astype(np.int64), np.ones((b, pos + 1), np.int64),
                                     np.full((b, 1), pos, np.int64), past)
         token = logits[:, -1].argmax(-1)
         tokens.append(int(token[0]))
@@ -75,19 +76,19 @@ def main() -> None:
         from attnres_export.models import load_checkpoint
 
         model, _ = load_checkpoint(ckpt)
-        steppers = {"PyTorch eager (KV cache)": TorchStepper(model),
-                    "ONNX Runtime CPU, portable with past": onnx_stepper(result.path, threads=args.threads)}
+        decoders = {"PyTorch eager (KV cache)": torch_decoder(model),
+                    "ONNX Runtime CPU, portable with past": onnx_decoder(result.path, threads=args.threads)}
         rng = np.random.default_rng(0)
         prompts = {b: rng.integers(0, CONFIG.vocab_size, size=(b, args.prompt), dtype=np.int64) for b in batches}
         for b in batches:  # warm-up, and the greedy tokens of the two backends must agree
-            tokens = {name: run_once(s, prompts[b], 4)[4] for name, s in steppers.items()}
+            tokens = {name: run_once(s, prompts[b], 4)[4] for name, s in decoders.items()}
             if len(set(map(tuple, tokens.values()))) != 1:
                 print(f"warning: batch {b}: greedy tokens differ between backends: {tokens}")
-        times: dict[tuple[int, str], list[tuple[float, ...]]] = {(b, n): [] for b in batches for n in steppers}
+        times: dict[tuple[int, str], list[tuple[float, ...]]] = {(b, n): [] for b in batches for n in decoders}
         for _ in range(args.repeats):
             for b in batches:
-                for name, stepper in steppers.items():
-                    times[(b, name)].append(run_once(stepper, prompts[b], args.new)[:4])
+                for name, decoder in decoders.items():
+                    times[(b, name)].append(run_once(decoder, prompts[b], args.new)[:4])
     print(f"# {platform.machine()}, {torch.get_num_threads()} torch threads / {args.threads} ORT intra-op threads, "
           f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export {export_s:.1f} s; "
           f"prompt {args.prompt}, {args.new} new tokens, {args.repeats} interleaved rounds, medians")

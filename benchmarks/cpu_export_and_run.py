@@ -30,10 +30,11 @@ from attnres_export.dims import DimRange
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.targets import convert
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
-CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
+CONFIG = AttnResLMConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
 BATCH, SEQ = 4, 128
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=CONFIG.block_size, help="0 = Full AttnRes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = ModelConfig(**{**CONFIG.to_dict(), "n_layers": args.layers, "block_size": args.block_size})
+    config = AttnResLMConfig(**{**CONFIG.to_dict(), "n_layers": args.layers, "block_size": args.block_size})
     console = Console()
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,10 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
-CONFIG = ModelConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
+CONFIG = AttnResLMConfig(vocab_size=8192, d_model=512, n_layers=12, n_heads=8, d_ff=1408, block_size=4, max_seq_len=512)
 SHAPES = ("1,1", "1,128", "8,128", "4,512")
 """Single-token decode, one prompt, a batch of prompts, long prompts."""
 

@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from attnres_export.dtypes import torch_dtype
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 from attnres_export.models.hf_folder import save_folder
 
@@ -65,7 +66,7 @@ def run_child(*args: str) -> dict:
     return {**summary, "stdout": done.stdout}
 
 
-def write_checkpoint(cfg: ModelConfig, dtype: str, path: Path, folder: bool = False) -> int:
+def write_checkpoint(cfg: AttnResLMConfig, dtype: str, path: Path, folder: bool = False) -> int:
     """A random checkpoint of ``cfg`` with weights stored in ``dtype`` (a ``.pt``, or a safetensors folder);
     returns the parameter count."""
     model = make_example(cfg).to(torch_dtype(dtype))
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and ONNX go [a temp dir]")
     parser.add_argument("extra", nargs="*", help="more attnres-export arguments (after --)")
     args = parser.parse_args()
-    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+    cfg = AttnResLMConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                       d_ff=args.d_ff, block_size=args.block_size, max_seq_len=512)
     console = Console()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

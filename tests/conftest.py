@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
 SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
 
 
 def write_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
-    cfg = ModelConfig(**{**SMALL, **overrides})
+    cfg = AttnResLMConfig(**{**SMALL, **overrides})
     save_checkpoint(make_example(cfg, seed), cfg, path)
     return path
 

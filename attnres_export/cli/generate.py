@@ -33,16 +33,10 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"tokens\": [...], ...} as JSON.")] = False,
 ) -> None:
     """Generate tokens after a prompt: PyTorch by default, or a with-past ONNX / TensorRT engine."""
-    from attnres_export.decode.generate import (
-        Sampling,
-        TorchStepper,
-        engine_stepper,
-        onnx_stepper,
-    )
-    from attnres_export.decode.generate import (
-        generate as run_generate,
-    )
+    from attnres_export.decode.generate import Sampling, engine_decoder, onnx_decoder, torch_decoder
+    from attnres_export.decode.generate import generate as run_generate
     from attnres_export.models import load_checkpoint
+    from attnres_export.models.base import fingerprint
 
     if onnx is not None and engine is not None:
         raise AttnresError("pass --onnx or --engine, not both")
@@ -53,22 +47,27 @@ def generate(
     tokens = tokenizer.encode(prompt).ids if tokenizer is not None else parse_ids(ids)
     torch_model, cfg = load_checkpoint(model)
     if onnx is not None:
-        stepper = onnx_stepper(onnx, threads)
+        decoder = onnx_decoder(onnx, threads)
     elif engine is not None:
-        stepper = engine_stepper(engine, plugin, allow_engine_host_code)
+        decoder = engine_decoder(engine, plugin, allow_engine_host_code)
     else:
-        stepper = TorchStepper(torch_model)
-    exported_vocab = getattr(stepper, "info", {}).get("vocab_size")
+        decoder = torch_decoder(torch_model)
+    exported_id = decoder.info.get("model_id")
+    if onnx is not None and exported_id not in (None, fingerprint(torch_model)):
+        decoder.close()
+        raise AttnresError(f"{onnx}: exported from another model than {model} (its recorded model identity "
+                           "differs); pass the checkpoint it was exported from, or export this one")
+    exported_vocab = decoder.info.get("vocab_size")
     if exported_vocab not in (None, cfg.vocab_size):
-        stepper.close()
+        decoder.close()
         raise AttnresError(f"{onnx}: exported from a model with vocabulary {exported_vocab}, MODEL has "
                            f"{cfg.vocab_size}; pass the checkpoint it was exported from")
-    if stepper.max_seq_len is None:
-        stepper.max_seq_len = cfg.max_seq_len
+    if decoder.max_seq_len is None:
+        decoder.max_seq_len = cfg.max_seq_len
     try:
-        result = run_generate(stepper, tokens, max_new_tokens, sampling, cfg.vocab_size)
+        result = run_generate(decoder, tokens, max_new_tokens, sampling, cfg.vocab_size)
     finally:
-        stepper.close()
+        decoder.close()
     payload = result.to_dict()
     if tokenizer is not None:
         payload["text"] = tokenizer.decode(result.tokens)

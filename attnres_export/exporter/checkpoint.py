@@ -10,6 +10,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,9 +31,9 @@ from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
-from attnres_export.models.attnres_lm import AttnResLM
+from attnres_export.models.base import WithPastFeeds, fingerprint
 from attnres_export.models.checkpoint import model_as, stored_as
-from attnres_export.models.config import ModelConfig
+from attnres_export.models.registry import architecture_of
 from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
@@ -102,27 +103,29 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     return ExportResult(target, files, fused, fused, report, fused_by_type)
 
 
-def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], ModelConfig]:
-    """The model to trace, how to get the reference model, and the config.
+def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], Any, str]:
+    """The model to trace, how to get the reference model, the config, and the model's fingerprint (of the weights
+    as stored, so that every export of one checkpoint records the same identity).
 
     A checkpoint stored in the export dtype is one model for both. Otherwise the stored weights and the cast
     ones are never resident together: the traced model is loaded cast (the file mapped group by group), and the
     reference is mapped again when the references run, after the traced model is gone."""
     model, cfg = load_checkpoint(opts.source, dtype=None)
+    model_id = fingerprint(model)
     if stored_as(model, opts.dtype):
-        return model, lambda: model, cfg
+        return model, lambda: model, cfg, model_id
     model = None  # the stored weights go before the cast copy is made
     traced, _ = load_checkpoint(opts.source, dtype=opts.dtype)
-    return traced, lambda: load_checkpoint(opts.source, dtype=None)[0], cfg
+    return traced, lambda: load_checkpoint(opts.source, dtype=None)[0], cfg, model_id
 
 
-def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
+def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any, model_id: str,
          opts: ExportOptions) -> _Job:
-    if opts.fuse_norm and not (isinstance(traced, AttnResLM) and traced.aggregation_count()):
+    if opts.fuse_norm and not (architecture_of(traced).capabilities.fuse_norm and traced.aggregation_count()):
         raise ExportError(f"--fuse-norm: this {cfg.arch} model has no depth aggregations to fuse with their norm; "
                           "drop --fuse-norm")
     if opts.with_past:
-        return _with_past_job(traced, reference_model, cfg, opts)
+        return _with_past_job(traced, reference_model, cfg, model_id, opts)
     if opts.past is not None:
         raise ExportError("--past needs --with-past")
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
@@ -140,12 +143,13 @@ def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module]
         names = list(model.output_names)
         return feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64")
 
-    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, {"arch": cfg.arch, "inputs": inputs},
+    metadata = {"arch": cfg.arch, "inputs": inputs, "model_id": model_id}
+    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, metadata,
                 traced.fused_node_count(), check_shapes(ranges), reference_model, checks, {})
 
 
-def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: ModelConfig,
-                   opts: ExportOptions) -> _Job:
+def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any,
+                   model_id: str, opts: ExportOptions) -> _Job:
     from attnres_export.exporter.with_past import (
         check_shapes_with_past,
         dynamic_dims_with_past,
@@ -153,19 +157,25 @@ def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.
         past_feed_maker,
         with_past_ranges,
     )
-    from attnres_export.models.attnres_lm import AttnResLMWithPast, WithPastFeeds
+    from attnres_export.models.base import step_input_axes, step_output_names
 
+    wrapper = traced.with_past()
+    if wrapper is None:
+        raise ExportError(f"--with-past: {cfg.arch} models have no KV cache (encoders and models without decode "
+                          "state); drop --with-past")
     ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
-    wrapper = AttnResLMWithPast(traced)
-    metadata = {"arch": cfg.arch, "with_past": True, "inputs": wrapper.input_axes(), "n_layers": cfg.n_layers,
-                "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-                "max_seq_len": cfg.max_seq_len}
-    dynamic = dynamic_dims_with_past(wrapper, ranges)
+    cache = wrapper.cache_inputs()
+    metadata = {"arch": cfg.arch, "with_past": True, "inputs": step_input_axes(cache),
+                "cache": [{"name": c.name, "present": c.present, "axes": list(c.axes), "dtype": c.dtype}
+                          for c in cache],
+                "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "model_id": model_id,
+                **wrapper.metadata()}
+    dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
 
     def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
-        reference = AttnResLMWithPast(model)
+        reference = model.with_past()
         return (past_feed_maker(reference, opts.dtype, opts.seed),
-                TorchRunner(WithPastFeeds(reference), reference.output_names()), None)
+                TorchRunner(WithPastFeeds(reference), step_output_names(reference.cache_inputs())), None)
 
     return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
                                                  opts.fuse_norm)[0], dynamic,
@@ -194,7 +204,7 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportO
 def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
                  status: Callable[[str], None] = lambda _: None) -> Report:
     """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
-    job = _job(model, lambda: model, model.config, opts)
+    job = _job(model, lambda: model, model.config, fingerprint(model), opts)
     return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
 
 

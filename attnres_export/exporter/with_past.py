@@ -1,9 +1,11 @@
-"""With-past (KV-cache) export of ``AttnResLM`` (docs/decode.md): one graph for prefill (past length 0) and decode.
+"""With-past export of any model whose ``with_past()`` gives a ``WithPastModel`` (models/base.py, docs/decode.md):
+one graph for prefill (past length 0) and decode.
 
-Inputs ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key`` / ``.value``; outputs
-``logits`` and ``present.{i}.key`` / ``.value``. Dynamic dims ``batch``, ``seq`` (new tokens), ``past`` and
-``total`` (= past + seq, the attention mask's length). torch.export specialises sizes 0 and 1, so the graph is
-traced at a past length of at least 2 with ``Dim("past", min=0)`` (docs/exporter-notes.md).
+Inputs ``input_ids``, ``attention_mask``, ``position_ids`` and the model's cache inputs (``past_key_values.{i}.key`` /
+``.value`` for a KV cache); outputs ``logits`` and the presents (``present.{i}.key`` / ``.value``). Dynamic dims
+``batch``, ``seq`` (new tokens), ``past`` and ``total`` (= past + seq, the attention mask's length). torch.export
+specialises sizes 0 and 1, so the graph is traced at a past length of at least 2 with ``Dim("past", min=0)``
+(docs/exporter-notes.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
 from attnres_export.graphs.schemas import register_schemas
-from attnres_export.models.attnres_lm import AttnResLM, AttnResLMWithPast
+from attnres_export.models.base import WithPastModel, empty_past, step_input_axes, step_output_names
 from attnres_export.models.checkpoint import model_as
 
 DIM_NAMES = ("batch", "seq", "past", "total")
@@ -48,16 +50,18 @@ def _trace(rng: DimRange) -> int:
     return min(max(rng.opt, 2), rng.max)
 
 
-def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int,
-                     fuse_norm: bool = False) -> tuple[ir.Model, AttnResLMWithPast]:
-    """Trace the with-past wrapper of ``model`` in ``dtype`` (score weights folded, and aggregations fused with
+def export_with_past(model: torch.nn.Module, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int,
+                     fuse_norm: bool = False) -> tuple[ir.Model, WithPastModel]:
+    """Trace the with-past form of ``model`` in ``dtype`` (score weights folded, and aggregations fused with
     their norms when ``fuse_norm``; a copy only when the weights are stored in another type) and return the ONNX
-    model and the wrapper of ``model`` itself (the reference)."""
-    if not isinstance(model, AttnResLM):
-        raise ExportError(f"--with-past: only attnres-lm checkpoints have a KV cache, this is {type(model).__name__}")
+    model and the with-past form of ``model`` itself (the reference)."""
+    reference = model.with_past()
+    if reference is None:
+        raise ExportError(f"--with-past: {model.config.arch} models have no KV cache; drop --with-past")
     register_schemas()
     export_model = model_as(model, dtype)
-    wrapper = AttnResLMWithPast(export_model)
+    wrapper = export_model.with_past()
+    cache = wrapper.cache_inputs()
     cfg = model.config
     b, t, p = (_trace(ranges[name]) for name in ("batch", "seq", "past"))
     p = max(min(p, cfg.max_seq_len - t), ranges["past"].min)
@@ -65,28 +69,35 @@ def export_with_past(model: AttnResLM, ranges: dict[str, DimRange], dtype: str, 
     ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64))
     mask = torch.ones(b, p + t, dtype=torch.int64)
     positions = (torch.arange(t, dtype=torch.int64) + p)[None].expand(b, t).contiguous()
-    past = [torch.zeros(b, cfg.n_heads, p, cfg.head_dim, dtype=torch_dtype(dtype)) for _ in range(2 * cfg.n_layers)]
+    past = [_traced_state(c, b, p, torch_dtype(dtype)) for c in cache]
     dims = {name: _dim(name, ranges[name]) for name in DIM_NAMES}
     dynamic_shapes = {
         "input_ids": {0: dims["batch"], 1: dims["seq"]},
         "attention_mask": {0: dims["batch"], 1: dims["total"]},
         "position_ids": {0: dims["batch"], 1: dims["seq"]},
-        "past": [{0: dims["batch"], 2: dims["past"]} for _ in past],
+        "past": [{axis: dims[label] for axis, label in enumerate(c.axes) if isinstance(label, str)} for c in cache],
     }
     with export_model.score_weights_folded(), export_model.norms_fused() if fuse_norm else nullcontext():
         program = quiet_torch_onnx_export(
             wrapper, (ids, mask, positions, past), custom_translation_table=translation_table(),
-            dynamic_shapes=dynamic_shapes, input_names=wrapper.input_names(), output_names=wrapper.output_names(),
-            opset_version=opset,
+            dynamic_shapes=dynamic_shapes, input_names=list(step_input_axes(cache)),
+            output_names=step_output_names(cache), opset_version=opset,
         )
-    return program.model, AttnResLMWithPast(model)
+    return program.model, reference
 
 
-def dynamic_dims_with_past(reference: AttnResLMWithPast, ranges: dict[str, DimRange]
+def _traced_state(cache, batch: int, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zero state of the traced sizes (``past`` positions where the state has a past axis)."""
+    held = dtype if cache.dtype == "model" else getattr(torch, cache.dtype)
+    shape = [batch if a == "batch" else past if a == "past" else a for a in cache.axes]
+    return torch.zeros(shape, dtype=held)
+
+
+def dynamic_dims_with_past(axes: dict[str, list[str | int]], ranges: dict[str, DimRange]
                            ) -> dict[str, dict[int, tuple[str, DimRange]]]:
     """Per graph input, its dynamic axes and their names (for ``name_dynamic_dims``)."""
     return {name: {a: (label, ranges[label]) for a, label in enumerate(labels) if isinstance(label, str)}
-            for name, labels in reference.input_axes().items()}
+            for name, labels in axes.items()}
 
 
 def _dim(name: str, rng: DimRange):
@@ -105,7 +116,7 @@ def check_shapes_with_past(ranges: dict[str, DimRange]) -> list[tuple[int, int, 
     return list(dict.fromkeys([prefill, decode]))
 
 
-def past_feed_maker(reference: AttnResLMWithPast, dtype: str, seed: int
+def past_feed_maker(reference: WithPastModel, dtype: str, seed: int
                     ) -> Callable[[tuple[int, ...]], dict[str, np.ndarray]]:
     """Feeds for a (batch, seq, past) shape: the past comes from a float32 PyTorch prefill of ``past`` random
     tokens (then stored in ``dtype`` as ONNX Runtime takes it), the new tokens follow it at positions
@@ -116,13 +127,15 @@ def past_feed_maker(reference: AttnResLMWithPast, dtype: str, seed: int
         b, t, p = shape
         rng = np.random.default_rng([seed, *shape])
         ids = rng.integers(0, cfg.vocab_size, size=(b, p + t), dtype=np.int64)
-        past = reference.empty_past(b)
+        cache = reference.cache_inputs()
+        past = empty_past(cache, b)
         if p:
             with torch.inference_mode(), read_as(reference, torch.float32):
                 out = reference(torch.from_numpy(ids[:, :p]), torch.ones(b, p, dtype=torch.int64),
                                 torch.arange(p)[None].expand(b, p), past)
             past = list(out[1:])
-        named = {name: past_array(tensor, dtype) for name, tensor in zip(reference.past_names(), past, strict=True)}
+        named = {c.name: past_array(tensor, dtype if c.dtype == "model" else c.dtype)
+                 for c, tensor in zip(cache, past, strict=True)}
         return {"input_ids": ids[:, p:], "attention_mask": np.ones((b, p + t), np.int64),
                 "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy(), **named}
 

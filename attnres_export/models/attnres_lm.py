@@ -7,8 +7,10 @@ exporter sees exactly one op per aggregation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -16,12 +18,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnres_export.models.config import ModelConfig
+from attnres_export.models.base import (
+    CacheInput,
+    KeepFloat32,
+    empty_past,
+    step_input_axes,
+    step_output_names,
+)
+from attnres_export.models.config import FamilyConfig
 from attnres_export.ops.aggregate import attnres_aggregate
 from attnres_export.ops.aggregate_norm import attnres_aggregate_norm, rms_norm_reference
 from attnres_export.ops.precision import at_least_float32
 
 ROPE_THETA = 10000.0
+RESIDUALS = ("attnres", "standard")
+
+
+@dataclass(frozen=True)
+class AttnResLMConfig(FamilyConfig):
+    """Hyper-parameters of ``AttnResLM`` (docs/models.md#attnreslm)."""
+
+    arch: str = "attnres-lm"
+    vocab_size: int = 256
+    max_seq_len: int = 512
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 128
+    residual: str = "attnres"
+    block_size: int = 0
+    """Sublayers per block; 0 = Full AttnRes (one block per sublayer)."""
+    eps: float = 1e-6
+
+    LEGACY: ClassVar[dict] = {"running_mean": False}
+    POSITIVE: ClassVar[tuple[str, ...]] = ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+
+    def problems(self) -> Iterator[str]:
+        yield from super().problems()
+        if self.arch != "attnres-lm":
+            yield f"arch must be attnres-lm, got {self.arch!r}"
+        if self.residual not in RESIDUALS:
+            yield f"residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}"
+        if self.block_size < 0:
+            yield f"block_size must be >= 0 (0 = Full AttnRes), got {self.block_size}"
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            yield f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
+        elif self.n_heads >= 1 and (self.d_model // self.n_heads) % 2:
+            yield f"head size {self.d_model // self.n_heads} must be even for rotary embeddings"
+        yield from self.eps_problem(self.eps)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_sublayers(self) -> int:
+        return 2 * self.n_layers
+
+    def describe(self) -> str:
+        return f"residual {self.residual}, block size {self.block_size}"
 
 
 class RMSNorm(nn.Module):
@@ -34,26 +89,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm_reference(x, self.weight, self.eps)
-
-
-class KeepFloat32(nn.Module):
-    """A module whose parameters and buffers are never rounded below float32 by ``.half()``/``.to(dtype)``.
-
-    Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
-    float16 or bfloat16 export must not round them; a cast to float64 (`.double()`) still widens them,
-    and device moves still apply.
-    """
-
-    def _apply(self, fn, recurse=True):
-        before = {name: t.dtype for name, t in self._float_tensors().items()}
-        super()._apply(fn, recurse)
-        for name, t in self._float_tensors().items():
-            if t.dtype != before[name] and t.dtype != torch.float64:
-                t.data = t.data.to(before[name])
-        return self
-
-    def _float_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_parameters()) | dict(self.named_buffers())
 
 
 class DepthAggregation(KeepFloat32):
@@ -112,7 +147,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: AttnResLMConfig) -> None:
         super().__init__()
         d = cfg.d_model
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
@@ -157,7 +192,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: AttnResLMConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
@@ -170,7 +205,7 @@ class SwiGLU(nn.Module):
 class Layer(nn.Module):
     """One transformer layer: two sublayers (attention, MLP), each with its own PreNorm and aggregation."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: AttnResLMConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.eps)
         self.attn = Attention(cfg)
@@ -200,7 +235,7 @@ class AttnResLM(nn.Module):
     input_axes: ClassVar[dict[str, dict[int, str]]] = {"input_ids": {0: "batch", 1: "seq"}}
     output_names = ("logits",)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: AttnResLMConfig) -> None:
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -319,6 +354,25 @@ class AttnResLM(nn.Module):
         """attnres nodes an export holds: one AttnResAggregate (or AttnResAggregateNorm) per aggregation."""
         return self.aggregation_count()
 
+    def with_past(self) -> AttnResLMWithPast:
+        return AttnResLMWithPast(self)
+
+    STATE_SIZE_KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "embed.weight": ("vocab_size", "d_model"), "layers.0.mlp.w1.weight": ("d_ff", "d_model")}
+    """State_dict entries whose shapes pin the config's sizes (config field per axis), checked before building."""
+    LAYER_PREFIX: ClassVar[str] = "layers."
+    """State_dict keys ``LAYER_PREFIX{i}.`` belong to layer i (the loader counts them against ``n_layers``)."""
+
+    def init_example(self) -> None:
+        """Random, non-zero pseudo-queries of std ``2/sqrt(D)``: logits are O(1), so the softmax over depth is
+        neither uniform (zero queries) nor one-hot; RMSNorm gains near 1."""
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith(".query") or name == "query":
+                    param.normal_(0.0, 2.0 / math.sqrt(self.config.d_model))
+                elif name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
+
 
 class AttnResLMWithPast(nn.Module):
     """``AttnResLM`` with a KV cache, for export (docs/decode.md): ``forward(input_ids, attention_mask,
@@ -335,38 +389,32 @@ class AttnResLMWithPast(nn.Module):
         return (logits, *presents)
 
     @property
-    def config(self) -> ModelConfig:
+    def config(self) -> AttnResLMConfig:
         return self.lm.config
 
+    def cache_inputs(self) -> list[CacheInput]:
+        """Keys (after rotary) and values of every layer ``[batch, n_heads, past, head_dim]``."""
+        cfg = self.config
+        return [CacheInput(f"past_key_values.{i}.{kv}", ("batch", cfg.n_heads, "past", cfg.head_dim))
+                for i in range(cfg.n_layers) for kv in ("key", "value")]
+
+    def metadata(self) -> dict:
+        cfg = self.config
+        return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
+                "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len}
+
     def past_names(self) -> list[str]:
-        return [f"past_key_values.{i}.{kv}" for i in range(self.config.n_layers) for kv in ("key", "value")]
+        return [c.name for c in self.cache_inputs()]
 
     def input_names(self) -> list[str]:
-        return ["input_ids", "attention_mask", "position_ids", *self.past_names()]
+        return list(step_input_axes(self.cache_inputs()))
 
     def output_names(self) -> list[str]:
-        return ["logits", *(f"present.{i}.{kv}" for i in range(self.config.n_layers) for kv in ("key", "value"))]
+        return step_output_names(self.cache_inputs())
 
-    def input_axes(self) -> dict[str, list[str]]:
+    def input_axes(self) -> dict[str, list[str | int]]:
         """Dim names per input axis (``total`` = ``past + seq``; head axes are static)."""
-        cfg = self.config
-        axes: dict[str, list] = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "total"],
-                                 "position_ids": ["batch", "seq"]}
-        return axes | {name: ["batch", cfg.n_heads, "past", cfg.head_dim] for name in self.past_names()}
+        return step_input_axes(self.cache_inputs())
 
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-        cfg = self.config
-        return [torch.zeros(batch, cfg.n_heads, 0, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.n_layers)]
-
-
-class WithPastFeeds(nn.Module):
-    """Eager adapter: the with-past model called with the ONNX graph's input names (``past_key_values.0.key``
-    ...), past tensors upcast to float32; returns the outputs in ``output_names()`` order (the parity reference)."""
-
-    def __init__(self, model: AttnResLMWithPast) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, **feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        past = [feeds[name].float() for name in self.model.past_names()]
-        return self.model(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"], past)
+        return empty_past(self.cache_inputs(), batch, dtype)

@@ -7,6 +7,7 @@ import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,24 +15,14 @@ from torch import nn
 from attnres_export.atomic import atomic_write
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import CheckpointError
-from attnres_export.models.config import ModelConfig
+from attnres_export.models.base import KeepFloat32
+from attnres_export.models.registry import architecture, build_model, config_from_dict
 
 FORMAT = "attnres-checkpoint"
 VERSION = 1
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The reference model for ``cfg.arch``."""
-    if cfg.arch == "attnres-lm":
-        from attnres_export.models.attnres_lm import AttnResLM
-
-        return AttnResLM(cfg)
-    from attnres_export.models.realformer import RealFormer
-
-    return RealFormer(cfg)
-
-
-def save_checkpoint(model: nn.Module, cfg: ModelConfig, path: Path) -> None:
+def save_checkpoint(model: nn.Module, cfg, path: Path) -> None:
     """Write ``{"format", "version", "config", "state_dict"}`` atomically."""
     payload = {
         "format": FORMAT,
@@ -43,7 +34,7 @@ def save_checkpoint(model: nn.Module, cfg: ModelConfig, path: Path) -> None:
         torch.save(payload, tmp)
 
 
-def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Module, ModelConfig]:
+def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Module, Any]:
     """Load a checkpoint (a ``.pt`` file, or a folder with config.json and safetensors weights: our own layout or
     K3 conventions, docs/models.md#checkpoint-folders) into a model in eval mode; anything else is refused
     with one line.
@@ -61,7 +52,7 @@ def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Modul
     else:
         payload = _read_payload(path)
         reread = _rereader(path) if zipfile.is_zipfile(path) else None
-    cfg = ModelConfig.from_dict(payload["config"])
+    cfg = config_from_dict(payload["config"])
     _check_sizes_before_building(cfg, payload["state_dict"], path)
     with torch.device("meta"):
         model = build_model(cfg)
@@ -108,8 +99,6 @@ def _held_as(state: dict, wanted: dict[str, torch.dtype]) -> bool:
 
 def _stored_types(model: nn.Module, state: dict, dtype: str | None) -> dict[str, torch.dtype]:
     """The type each state_dict entry is held in: ``dtype`` (or as stored), at least float32 under ``KeepFloat32``."""
-    from attnres_export.models.attnres_lm import KeepFloat32
-
     keep = {f"{prefix}.{name}" if prefix else name
             for prefix, module in model.named_modules() if isinstance(module, KeepFloat32)
             for name in module.state_dict()}
@@ -158,28 +147,23 @@ def _read_payload(path: Path) -> dict:
     return payload
 
 
-SIZE_KEYS = {
-    "attnres-lm": {"embed.weight": ("vocab_size", "d_model"), "layers.0.mlp.w1.weight": ("d_ff", "d_model")},
-    "realformer": {"embed.tok.weight": ("vocab_size", "d_model"), "embed.pos.weight": ("max_seq_len", "d_model"),
-                   "layers.0.ffn.w1.weight": ("d_ff", "d_model")},
-}
-"""Per arch, state_dict entries whose shapes pin the config's sizes (names of the config fields per axis)."""
-
 MAX_SEQ_LEN = 1 << 20
 """Longest sequence a config may declare: the rotary tables alone are ``max_seq_len x head_dim`` floats."""
 
 
-def _check_sizes_before_building(cfg: ModelConfig, state: dict, path: Path) -> None:
+def _check_sizes_before_building(cfg: Any, state: dict, path: Path) -> None:
     """The config's sizes must match the weights before a model of that size is allocated: a config claiming
     10**6 layers or a 10**9 vocabulary is refused here instead of exhausting memory in the constructor."""
-    layers = {int(key.split(".")[1]) for key in state if isinstance(key, str) and key.startswith("layers.")
-              and key.split(".")[1].isdigit()}
-    if layers != set(range(cfg.n_layers)):
+    model_type = architecture(cfg.arch).model_type()
+    prefix = model_type.LAYER_PREFIX
+    layers = {int(key[len(prefix):].split(".")[0]) for key in state if isinstance(key, str)
+              and key.startswith(prefix) and key[len(prefix):].split(".")[0].isdigit()}
+    if len(layers) != cfg.n_layers or layers != set(range(len(layers))):
         raise CheckpointError(f"{path}: config says n_layers={cfg.n_layers} but the state_dict holds "
                               f"{len(layers)} layers; fix the config or the weights")
     if cfg.max_seq_len > MAX_SEQ_LEN:
         raise CheckpointError(f"{path}: config max_seq_len {cfg.max_seq_len} is over {MAX_SEQ_LEN}; lower it")
-    for key, fields in SIZE_KEYS[cfg.arch].items():
+    for key, fields in model_type.STATE_SIZE_KEYS.items():
         value = state.get(key)
         if not isinstance(value, torch.Tensor):
             raise CheckpointError(f"{path}: state_dict has no tensor {key!r}, which a {cfg.arch} model needs")

@@ -23,7 +23,7 @@ import torch
 
 from attnres_export.atomic import temporary_dir_beside
 from attnres_export.errors import CheckpointError
-from attnres_export.models.config import ModelConfig
+from attnres_export.models.registry import architecture
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -33,7 +33,7 @@ VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def save_folder(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,
+def save_folder(state: dict[str, torch.Tensor], cfg, out_dir: Path,
                 max_shard_bytes: int | None = None) -> list[Path]:
     """Write ``config.json`` and the weights (one file, or shards of at most ``max_shard_bytes`` plus an index)
     into ``out_dir``: everything is written into a temporary folder beside it and renamed into place last."""
@@ -43,7 +43,7 @@ def save_folder(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir} exists and is not an empty folder; choose a new output folder")
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    config = {"architectures": ["AttnResLM" if cfg.arch == "attnres-lm" else "RealFormer"], "model_type": cfg.arch,
+    config = {"architectures": [architecture(cfg.arch).hf_architecture], "model_type": cfg.arch,
               "attnres_format": FORMAT, "attnres_version": VERSION, "attnres_config": cfg.to_dict()}
     shards = _shards(tensors, max_shard_bytes)
     with temporary_dir_beside(out_dir) as tmp:

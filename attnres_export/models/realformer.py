@@ -7,7 +7,10 @@ takes (pre-mask, pre-softmax), while the padding bias is added afresh in every l
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -15,12 +18,47 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnres_export.models.config import ModelConfig
+from attnres_export.models.config import FamilyConfig
 from attnres_export.ops.precision import at_least_float32
 from attnres_export.ops.residual_attention import residual_score_attention
 
 MASK_BIAS = -10000.0
 """Additive logit bias of a padding key (BERT's convention, docs/models.md#realformer)."""
+
+
+@dataclass(frozen=True)
+class RealFormerConfig(FamilyConfig):
+    """Hyper-parameters of ``RealFormer`` (docs/models.md#realformer)."""
+
+    arch: str = "realformer"
+    vocab_size: int = 256
+    max_seq_len: int = 512
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 128
+    eps: float = 1e-12
+    running_mean: bool = False
+    """Divide layer l's summed scores by l + 1 (RealFormer's running-mean variant)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"running_mean"})
+    LEGACY: ClassVar[dict] = {"residual": "standard", "block_size": 0}
+    POSITIVE: ClassVar[tuple[str, ...]] = ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+
+    def problems(self) -> Iterator[str]:
+        yield from super().problems()
+        if self.arch != "realformer":
+            yield f"arch must be realformer, got {self.arch!r}"
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            yield f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
+        yield from self.eps_problem(self.eps)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def describe(self) -> str:
+        return f"running mean {'on' if self.running_mean else 'off'}"
 
 
 class LayerNorm(nn.LayerNorm):
@@ -39,7 +77,7 @@ class LayerNorm(nn.LayerNorm):
 class Embeddings(nn.Module):
     """Token + learned position embeddings, then LayerNorm."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: RealFormerConfig) -> None:
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_seq_len, cfg.d_model)
@@ -52,7 +90,7 @@ class Embeddings(nn.Module):
 class ResidualScoreAttention(nn.Module):
     """Multi-head attention whose raw scores add the previous layer's running sum (docs/models.md#realformer)."""
 
-    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+    def __init__(self, cfg: RealFormerConfig, layer_index: int) -> None:
         super().__init__()
         d = cfg.d_model
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
@@ -80,7 +118,7 @@ class ResidualScoreAttention(nn.Module):
 class FeedForward(nn.Module):
     """``W2 gelu(W1 x)`` with the exact (erf) GELU."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: RealFormerConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
@@ -92,7 +130,7 @@ class FeedForward(nn.Module):
 class Layer(nn.Module):
     """Post-LN layer: ``x = LN(x + attn(x))``, ``x = LN(x + ffn(x))``."""
 
-    def __init__(self, cfg: ModelConfig, index: int) -> None:
+    def __init__(self, cfg: RealFormerConfig, index: int) -> None:
         super().__init__()
         self.attn = ResidualScoreAttention(cfg, index)
         self.attn_norm = LayerNorm(cfg.d_model, eps=cfg.eps)
@@ -122,7 +160,7 @@ class RealFormer(nn.Module):
     }
     output_names = ("hidden",)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: RealFormerConfig) -> None:
         super().__init__()
         self.config = cfg
         self.embed = Embeddings(cfg)
@@ -144,8 +182,36 @@ class RealFormer(nn.Module):
         return at_least_float32(x), carried
 
     def score_weights_folded(self) -> AbstractContextManager[None]:
-        """Nothing to fold: RealFormer has no AttnRes aggregation weights (export interface of AttnResLM)."""
+        """Nothing to fold: RealFormer has no AttnRes aggregation weights (models/base.py)."""
         return nullcontext()
+
+    def norms_fused(self) -> AbstractContextManager[None]:
+        """Nothing to fuse: Post-LN LayerNorms follow residual adds, not aggregations."""
+        return nullcontext()
+
+    def aggregation_count(self) -> int:
+        return 0
+
+    def with_past(self) -> None:
+        """An encoder: no KV cache."""
+        return None
+
+    STATE_SIZE_KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "embed.tok.weight": ("vocab_size", "d_model"), "embed.pos.weight": ("max_seq_len", "d_model"),
+        "layers.0.ffn.w1.weight": ("d_ff", "d_model")}
+    LAYER_PREFIX: ClassVar[str] = "layers."
+
+    def init_example(self) -> None:
+        """Query and key projections of std ``1.5/sqrt(D)``: attention scores of std about 2, neither uniform nor
+        one-hot; LayerNorm gains near 1 and biases near 0."""
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                elif name.endswith("norm.bias"):
+                    param.normal_(0.0, 0.02)
+                elif name.endswith(("attn.wq.weight", "attn.wk.weight")):
+                    param.normal_(0.0, 1.5 / math.sqrt(self.config.d_model))
 
     def fused_node_count(self) -> int:
         """ResidualScoreAttention nodes an export holds: one per layer."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnres_export.decode.generate import Sampling, TorchStepper, generate, onnx_stepper
+from attnres_export.decode.generate import Sampling, generate, onnx_decoder, torch_decoder
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import load_checkpoint
@@ -31,7 +31,7 @@ def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.slow
 def test_pytorch_greedy_generation_equals_argmax_of_the_full_forward(tmp_path):
     model, _ = load_checkpoint(write_checkpoint(tmp_path / "m.pt", seed=2, n_layers=2, block_size=2))
-    got = generate(TorchStepper(model), [5, 6, 7], 12)
+    got = generate(torch_decoder(model), [5, 6, 7], 12)
     assert got.tokens == _greedy_without_cache(model, [5, 6, 7], 12)
 
 
@@ -41,12 +41,12 @@ def test_onnx_greedy_tokens_equal_pytorch_for_64_new_tokens_on_the_bundled_examp
     assert result.report.ok
     model, _ = load_checkpoint(EXAMPLE)
     prompt = [1, 2, 3, 4, 5]
-    torch_tokens = generate(TorchStepper(model), prompt, 64).tokens
-    stepper = onnx_stepper(result.path)
+    torch_tokens = generate(torch_decoder(model), prompt, 64).tokens
+    decoder = onnx_decoder(result.path)
     try:
-        onnx_tokens = generate(stepper, prompt, 64).tokens
+        onnx_tokens = generate(decoder, prompt, 64).tokens
     finally:
-        stepper.close()
+        decoder.close()
     assert onnx_tokens == torch_tokens == _greedy_without_cache(model, prompt, 64)
     out = invoke("generate", EXAMPLE, "--ids", "1,2,3,4,5", "--max-new-tokens", "64", "--onnx", result.path, "--json")
     assert out.exit_code == 0, out.output
@@ -56,9 +56,9 @@ def test_onnx_greedy_tokens_equal_pytorch_for_64_new_tokens_on_the_bundled_examp
 @pytest.mark.slow
 def test_sampling_is_reproducible_with_a_seed_and_respects_top_k(tmp_path):
     model, _ = load_checkpoint(write_checkpoint(tmp_path / "m.pt", seed=2, n_layers=1))
-    stepper = TorchStepper(model)
-    a = generate(stepper, [1, 2], 10, Sampling(temperature=1.5, top_k=3, seed=7)).tokens
-    b = generate(stepper, [1, 2], 10, Sampling(temperature=1.5, top_k=3, seed=7)).tokens
+    decoder = torch_decoder(model)
+    a = generate(decoder, [1, 2], 10, Sampling(temperature=1.5, top_k=3, seed=7)).tokens
+    b = generate(decoder, [1, 2], 10, Sampling(temperature=1.5, top_k=3, seed=7)).tokens
     assert a == b
     ids = [1, 2]
     with torch.inference_mode():

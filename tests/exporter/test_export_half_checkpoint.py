@@ -10,14 +10,15 @@ from attnres_export.dims import DimRange
 from attnres_export.exporter import checkpoint as export
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 from tests.conftest import SMALL
 
 
 @pytest.fixture(scope="module")
 def float16_checkpoint(tmp_path_factory):
-    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     path = tmp_path_factory.mktemp("float16") / "m.pt"
     save_checkpoint(make_example(cfg, seed=7).to(torch.float16), cfg, path)
     return path
@@ -39,7 +40,7 @@ def test_a_float32_checkpoint_exports_in_float16_from_a_cast_copy_and_is_checked
         tmp_path, monkeypatch):
     """The traced copy is loaded cast and the reference mapped again afterwards (``_models``): both loads happen,
     in that order, and the check passes against PyTorch on the stored float32 weights."""
-    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     path = tmp_path / "m.pt"
     save_checkpoint(make_example(cfg, seed=8), cfg, path)
     loads = []

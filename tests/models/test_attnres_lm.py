@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnres_export.models import ModelConfig
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 from tests.models import numpy_attnres_lm
 
@@ -24,7 +24,7 @@ def logits_of(model, ids: np.ndarray) -> np.ndarray:
 )
 @pytest.mark.parametrize("seq", [1, 9])
 def test_model_matches_independent_numpy_implementation(residual, block_size, n_layers, seq):
-    cfg = ModelConfig(**SMALL, n_layers=n_layers, residual=residual, block_size=block_size)
+    cfg = AttnResLMConfig(**SMALL, n_layers=n_layers, residual=residual, block_size=block_size)
     model = make_example(cfg, seed=5)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, seq))
     sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
@@ -34,8 +34,8 @@ def test_model_matches_independent_numpy_implementation(residual, block_size, n_
 
 
 def test_block_size_one_equals_full_attnres_on_the_same_weights():
-    full_cfg = ModelConfig(**SMALL, n_layers=3, block_size=0)
-    block_cfg = ModelConfig(**SMALL, n_layers=3, block_size=1)
+    full_cfg = AttnResLMConfig(**SMALL, n_layers=3, block_size=0)
+    block_cfg = AttnResLMConfig(**SMALL, n_layers=3, block_size=1)
     full = make_example(full_cfg, seed=2)
     block = make_example(block_cfg, seed=99)
     block.load_state_dict(full.state_dict())
@@ -45,7 +45,7 @@ def test_block_size_one_equals_full_attnres_on_the_same_weights():
 
 @pytest.mark.parametrize(("block_size", "expected_sources"), [(0, [1, 2, 3, 4, 5, 6, 7]), (4, [1, 2, 2, 2, 2, 3, 3])])
 def test_each_sublayer_sees_the_spec_number_of_sources(block_size, expected_sources, monkeypatch):
-    cfg = ModelConfig(**SMALL, n_layers=3, block_size=block_size)
+    cfg = AttnResLMConfig(**SMALL, n_layers=3, block_size=block_size)
     model = make_example(cfg, seed=0)
     seen = []
     import attnres_export.models.attnres_lm as lm
@@ -58,14 +58,14 @@ def test_each_sublayer_sees_the_spec_number_of_sources(block_size, expected_sour
 
 
 def test_example_checkpoints_have_random_nonzero_pseudo_queries():
-    model = make_example(ModelConfig(**SMALL, n_layers=2), seed=0)
+    model = make_example(AttnResLMConfig(**SMALL, n_layers=2), seed=0)
     queries = [p for name, p in model.named_parameters() if name.endswith("_res.query")]
     assert len(queries) == 5
     assert all(q.abs().min() > 0 for q in queries)
 
 
 def test_half_precision_cast_keeps_aggregation_weights_and_rotary_tables_float32():
-    model = make_example(ModelConfig(**SMALL, n_layers=1), seed=0).to(torch.float16)
+    model = make_example(AttnResLMConfig(**SMALL, n_layers=1), seed=0).to(torch.float16)
     assert model.layers[0].attn_res.query.dtype == torch.float32
     assert model.rotary.cos.dtype == torch.float32
     assert model.layers[0].attn.wq.weight.dtype == torch.float16

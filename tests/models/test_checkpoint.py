@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from attnres_export.errors import CheckpointError
-from attnres_export.models import ModelConfig, load_checkpoint, save_checkpoint
+from attnres_export.models import load_checkpoint, save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 from tests.conftest import SMALL
 
 
 def valid_payload() -> dict:
-    cfg = ModelConfig(**SMALL, n_layers=1)
+    cfg = AttnResLMConfig(**SMALL, n_layers=1)
     model = make_example(cfg, seed=0)
     return {"format": "attnres-checkpoint", "version": 1, "config": cfg.to_dict(),
             "state_dict": dict(model.state_dict())}
@@ -29,7 +30,7 @@ def refuses(path: Path, pattern: str) -> None:
 
 
 def test_round_trip_restores_identical_weights(tmp_path):
-    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     model = make_example(cfg, seed=3)
     save_checkpoint(model, cfg, tmp_path / "m.pt")
     loaded, loaded_cfg = load_checkpoint(tmp_path / "m.pt")

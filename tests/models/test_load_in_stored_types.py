@@ -13,7 +13,8 @@ import torch
 
 from attnres_export.backends.pytorch.runner import TorchRunner, read_as
 from attnres_export.errors import CheckpointError
-from attnres_export.models import ModelConfig, checkpoint, load_checkpoint, save_checkpoint
+from attnres_export.models import checkpoint, load_checkpoint, save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.checkpoint import model_as
 from attnres_export.models.example import make_example
 from tests.conftest import SMALL
@@ -25,7 +26,7 @@ KEPT_FLOAT32 = (".query", "_res.norm.weight")
 @pytest.fixture(scope="module", params=["float16", "bfloat16"])
 def half_checkpoint(request, tmp_path_factory):
     """A Block AttnRes checkpoint whose every tensor is stored in a half type."""
-    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     model = make_example(cfg, seed=5).to(getattr(torch, request.param))
     for tensor in model.state_dict().values():
         tensor.data = tensor.data.to(getattr(torch, request.param))
@@ -87,7 +88,7 @@ def test_read_as_restores_the_module_when_the_forward_fails():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process's mappings from /proc")
 def test_a_float32_checkpoint_loads_memory_mapped_and_used_in_place(tmp_path):
-    cfg = ModelConfig(**SMALL, n_layers=1)
+    cfg = AttnResLMConfig(**SMALL, n_layers=1)
     save_checkpoint(make_example(cfg, seed=1), cfg, tmp_path / "m.pt")
     model, _ = load_checkpoint(tmp_path / "m.pt", dtype=None)
     mapped = []
@@ -100,7 +101,7 @@ def test_a_float32_checkpoint_loads_memory_mapped_and_used_in_place(tmp_path):
 
 
 def test_a_float32_checkpoint_loads_cast_to_float16_group_by_group_with_the_same_values(tmp_path, monkeypatch):
-    cfg = ModelConfig(**SMALL, n_layers=2, block_size=2)
+    cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     original = make_example(cfg, seed=2)
     save_checkpoint(original, cfg, tmp_path / "m.pt")
     reads = []
@@ -121,7 +122,7 @@ def test_a_float32_checkpoint_loads_cast_to_float16_group_by_group_with_the_same
 
 
 def test_a_checkpoint_that_changes_between_its_reads_is_refused(tmp_path, monkeypatch):
-    cfg = ModelConfig(**SMALL, n_layers=1)
+    cfg = AttnResLMConfig(**SMALL, n_layers=1)
     save_checkpoint(make_example(cfg, seed=2), cfg, tmp_path / "m.pt")
     real_load = torch.load
 

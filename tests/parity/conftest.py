@@ -15,7 +15,8 @@ from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
 
@@ -41,7 +42,7 @@ def perturb_largest_initializer(model: onnx.ModelProto) -> onnx.ModelProto:
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory) -> Artifacts:
     root = tmp_path_factory.mktemp("parity")
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    cfg = AttnResLMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
     checkpoint = root / "tiny.pt"
     save_checkpoint(make_example(cfg), cfg, checkpoint)
     tensorrt = root / "tiny.tensorrt.onnx"

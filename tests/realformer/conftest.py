@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
 from attnres_export.models.example import make_example
+from attnres_export.models.realformer import RealFormerConfig
 
 
-def realformer_config(running_mean: bool = False, **overrides) -> ModelConfig:
-    values = {"arch": "realformer", "vocab_size": 50, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
-              "residual": "standard", "block_size": 0, "eps": 1e-12, "max_seq_len": 16,
-              "running_mean": running_mean} | overrides
-    return ModelConfig(**values)
+def realformer_config(running_mean: bool = False, **overrides) -> RealFormerConfig:
+    values = {"vocab_size": 50, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "eps": 1e-12,
+              "max_seq_len": 16, "running_mean": running_mean} | overrides
+    return RealFormerConfig(**values)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ def built(tmp_path_factory):
     from attnres_export.dims import DimRange
     from attnres_export.exporter.checkpoint import export_checkpoint
     from attnres_export.exporter.options import ExportOptions
-    from attnres_export.models import ModelConfig, save_checkpoint
+    from attnres_export.models import save_checkpoint
+    from attnres_export.models.attnres_lm import AttnResLMConfig
     from attnres_export.models.example import make_example
     from attnres_export.plugins.build import build_plugins
 
@@ -30,7 +31,7 @@ def built(tmp_path_factory):
     libs = build_plugins()
     if libs.trt is None:
         pytest.skip("the plugin build found no TensorRT headers (set TENSORRT_ROOT)")
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
+    cfg = AttnResLMConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=64)
     checkpoint = root / "m.pt"
     save_checkpoint(make_example(cfg), cfg, checkpoint)
     onnx_path = root / "m.onnx"

@@ -1,0 +1,169 @@
+"""The model contract: what the exporter, the with-past export, decoding, the checkpoint loader and
+``attnres example`` need from a model (docs/architecture.md#the-model-contract).
+
+Every architecture in ``models/registry.py`` builds an ``nn.Module`` that satisfies ``ExportableModel``; one that
+has a KV cache (or any other state carried between decode steps) also returns a ``WithPastModel`` from
+``with_past()``. Code outside ``models/`` talks to models through these two protocols and the registry's
+capabilities, never through a concrete class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+PAST_PREFIX = "past_key_values."
+PRESENT_PREFIX = "present."
+STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
+"""The inputs of every with-past graph before its cache inputs (the names optimum and onnxruntime-genai use)."""
+
+
+@dataclass(frozen=True)
+class CacheInput:
+    """One state tensor a with-past graph takes and returns: a layer's keys or values, a compressed latent, a
+    recurrent state.
+
+    ``axes`` names each axis: ``"batch"`` and ``"past"`` are dynamic (``past`` grows by the new tokens each step;
+    a state without a ``past`` axis keeps its shape), an int is static. ``dtype`` is ``"model"`` (the export's
+    storage type) or a fixed storage type such as ``"float32"`` (recurrent states are always float32)."""
+
+    name: str
+    axes: tuple[str | int, ...]
+    dtype: str = "model"
+
+    @property
+    def present(self) -> str:
+        """The output that carries this state after the step."""
+        return PRESENT_PREFIX + self.name.removeprefix(PAST_PREFIX)
+
+    def empty(self, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        """The state before the first token: no past positions, zeros elsewhere."""
+        held = dtype if self.dtype == "model" else getattr(torch, self.dtype)
+        shape = [batch if a == "batch" else 0 if a == "past" else a for a in self.axes]
+        return torch.zeros(shape, dtype=held)
+
+
+@runtime_checkable
+class ExportableModel(Protocol):
+    """A model the exporter can trace and check: ``forward(**inputs) -> outputs`` in ``output_names`` order."""
+
+    config: Any
+    """The family's config; every config has ``arch``, ``vocab_size`` and ``max_seq_len``."""
+    input_axes: Mapping[str, Mapping[int, str]]
+    """Per graph input, its dynamic axes (``batch``, ``seq``)."""
+    output_names: Sequence[str]
+
+    def random_inputs(self, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Inputs of one check shape, keyed by ``input_axes``."""
+        ...
+
+    def aggregation_count(self) -> int:
+        """Depth aggregations in one forward pass (0 for a standard residual stream)."""
+        ...
+
+    def fused_node_count(self) -> int:
+        """attnres nodes an export of this model holds."""
+        ...
+
+    def score_weights_folded(self) -> AbstractContextManager[None]:
+        """Inside, each aggregation's score weight is one float32 tensor (for export); restored afterwards."""
+        ...
+
+    def norms_fused(self) -> AbstractContextManager[None]:
+        """Inside, each aggregation and the RMSNorm after it run as one ``attnres::aggregate_norm`` op."""
+        ...
+
+    def with_past(self) -> WithPastModel | None:
+        """The KV-cache form of this model (shares its weights), or None when it has none."""
+        ...
+
+
+@runtime_checkable
+class WithPastModel(Protocol):
+    """One prefill or decode step: ``forward(input_ids, attention_mask, position_ids, past) -> (logits,
+    *presents)``; ``past`` is a list of tensors in ``cache_inputs()`` order (docs/decode.md)."""
+
+    config: Any
+
+    def cache_inputs(self) -> list[CacheInput]:
+        ...
+
+    def metadata(self) -> dict:
+        """What the export records about the cache (sizes per layer), for ``attnres build`` and ``generate``."""
+        ...
+
+
+def step_input_axes(cache: list[CacheInput]) -> dict[str, list[str | int]]:
+    """Axis names of every input of a with-past graph (``total`` = ``past + seq``)."""
+    axes: dict[str, list[str | int]] = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "total"],
+                                        "position_ids": ["batch", "seq"]}
+    return axes | {c.name: list(c.axes) for c in cache}
+
+
+def step_output_names(cache: list[CacheInput]) -> list[str]:
+    return ["logits", *(c.present for c in cache)]
+
+
+def empty_past(cache: list[CacheInput], batch: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    return [c.empty(batch, dtype) for c in cache]
+
+
+class KeepFloat32(nn.Module):
+    """A module whose parameters and buffers are never rounded below float32 by ``.half()``/``.to(dtype)``.
+
+    Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
+    float16 or bfloat16 export must not round them; a cast to float64 (`.double()`) still widens them,
+    and device moves still apply. The checkpoint loader reads these modules to keep their tensors float32.
+    """
+
+    def _apply(self, fn, recurse=True):
+        before = {name: t.dtype for name, t in self._float_tensors().items()}
+        super()._apply(fn, recurse)
+        for name, t in self._float_tensors().items():
+            if t.dtype != before[name] and t.dtype != torch.float64:
+                t.data = t.data.to(before[name])
+        return self
+
+    def _float_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
+
+class WithPastFeeds(nn.Module):
+    """Eager adapter: a with-past model called with the ONNX graph's input names (``past_key_values.0.key`` ...),
+    cache tensors upcast to float32; returns the outputs in ``step_output_names`` order (the parity reference and
+    the PyTorch decoder)."""
+
+    def __init__(self, model: WithPastModel) -> None:
+        super().__init__()
+        self.model = model
+        self.cache = model.cache_inputs()
+
+    def forward(self, **feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        past = [feeds[c.name].float() for c in self.cache]
+        return self.model(feeds["input_ids"], feeds["attention_mask"], feeds["position_ids"], past)
+
+
+FINGERPRINT_SAMPLES = 64
+"""Elements read per tensor for a model's fingerprint: enough to tell two models apart, cheap on a 100 GB one."""
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A short identity of a model's config and weights, recorded in its exports so that ``generate`` and ``check``
+    can tell an ONNX exported from another model. Independent of the storage type: sampled elements are widened
+    to float64 first, so the float16 export of a float16 checkpoint and its float32 reference agree."""
+    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+        sample = flat[::step][:FINGERPRINT_SAMPLES].to(torch.float64)
+        digest.update(f"{name}:{list(tensor.shape)}".encode())
+        digest.update(sample.cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
