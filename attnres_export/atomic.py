@@ -142,14 +142,18 @@ def refuse_non_regular(path: Path, option: str) -> None:
 
 
 def check_outputs(outputs: Mapping[str, Path | None], inputs: Mapping[str, Path | None]) -> None:
-    """Refuse, before any work, outputs that are not regular files or that alias an input or each other.
+    """Refuse, before any work, outputs that are not regular files or that alias an input (a folder input: any file
+in it, so its weights or config are never overwritten) or each other.
 
     Keys are the option names shown in messages (``-o``, ``--report``, ``MODEL``)."""
     given_outputs = {name: Path(p) for name, p in outputs.items() if p is not None}
     for name, path in given_outputs.items():
         refuse_non_regular(path, name)
     seen: dict[Path, str] = {}
-    for name, path in [*((n, Path(p)) for n, p in inputs.items() if p is not None), *given_outputs.items()]:
+    given_inputs = [(n, Path(p)) for n, p in inputs.items() if p is not None]
+    made_of = [(f"{n} (its file {f.name})", f) for n, p in given_inputs if p.is_dir()
+               for f in sorted(p.iterdir()) if f.is_file()]
+    for name, path in [*given_inputs, *made_of, *given_outputs.items()]:
         key = path.resolve()
         if key in seen:
             raise AttnresError(f"{name} {path} is the same file as {seen[key]}; choose a different {name} path "

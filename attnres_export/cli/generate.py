@@ -12,6 +12,9 @@ from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import AllowEngineHostCode, Plugin
 from attnres_export.errors import AttnresError
 
+MAX_TOKENIZER_BYTES = 128 << 20
+"""The largest published tokenizer.json files are tens of MB; a larger one is not read."""
+
 
 @command(app)
 def generate(
@@ -96,6 +99,8 @@ def load_tokenizer(model: Path):
     path = (model if model.is_dir() else model.parent) / "tokenizer.json"
     if not path.is_file():
         raise AttnresError(f"--prompt needs a tokenizer: no {path}; pass token ids with --ids instead")
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise AttnresError(f"{path}: over {MAX_TOKENIZER_BYTES >> 20} MB; not a tokenizer file")
     from tokenizers import Tokenizer
 
     try:

@@ -35,8 +35,8 @@ def model_kind(path: Path) -> str:
         torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
         return "pickle" if "Unsupported global" in str(exc) else "checkpoint"
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
-        return "checkpoint"
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError, UnicodeDecodeError):
+        return "checkpoint"  # the checkpoint loader says, in one line, what is wrong with it
     return "checkpoint"
 
 

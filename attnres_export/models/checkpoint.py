@@ -126,8 +126,10 @@ def _read_payload(path: Path) -> dict:
             "{'format', 'version', 'config', 'state_dict'} as in docs/models.md#checkpoint-format "
             "(attnres_export.models.save_checkpoint)"
         ) from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable PyTorch file ({_first_line(exc)}); is it corrupted?") from exc
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError,
+            UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)}); "
+                              "is it corrupted?") from exc
     if not isinstance(payload, dict) or "format" not in payload:
         raise CheckpointError(
             f"{path}: not an attnres checkpoint (expected a dict with format={FORMAT!r}); "
@@ -215,7 +217,10 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
 
 
 def _finite(value: torch.Tensor, key: str, path: Path) -> torch.Tensor:
-    if not bool(torch.isfinite(value).all()):
+    """``value`` when it holds no NaN or infinity. One-byte float types are widened first: torch calls every
+    float8_e8m0fnu value finite, its NaN (0xFF) included."""
+    probe = value.float() if value.element_size() == 1 else value
+    if not bool(torch.isfinite(probe).all()):
         raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
                               "corrupted (re-save them from a healthy model)")
     return value

@@ -31,6 +31,8 @@ INDEX_FILE = "model.safetensors.index.json"
 FORMAT = "attnres-checkpoint"
 VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20
+MAX_INDEX_BYTES = 64 << 20
+"""A safetensors index lists one line per tensor: a few MB for the largest published models."""
 
 
 def save_folder(state: dict[str, torch.Tensor], cfg, out_dir: Path,
@@ -119,6 +121,8 @@ def _read_config(path: Path) -> dict:
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of ``model.safetensors`` or of the shards an index lists (file names confined to the folder)."""
     if (path / INDEX_FILE).is_file():
+        if (path / INDEX_FILE).stat().st_size > MAX_INDEX_BYTES:
+            raise CheckpointError(f"{path / INDEX_FILE}: over {MAX_INDEX_BYTES >> 20} MB; not a safetensors index")
         try:
             index = json.loads((path / INDEX_FILE).read_text())
             weight_map = index["weight_map"]
