@@ -26,11 +26,12 @@ def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.Mo
     return runner_class(model, artifact=path.name), onnx_dtype(model), model
 
 
-def engine_runner(path: Path, plugin: Path | None = None,
-                  allow_engine_host_code: bool = False) -> tuple[TensorRTRunner, str]:
+def engine_runner(path: Path, plugin: Path | None = None, allow_engine_host_code: bool = False,
+                  dtype: str | None = None) -> tuple[TensorRTRunner, str | None]:
     """A TensorRT runner for the engine at ``path`` and its dtype: the manifest's, else (an engine built by trtexec
-    or Polygraphy, run with ``plugin``) the engine's first floating-point output's."""
+    or Polygraphy, run with ``plugin``) ``dtype`` or what the engine's I/O tensors tell; None when neither says
+    (``TensorRTRunner.storage_dtype``)."""
     from attnres_export.backends.tensorrt.runner import TensorRTRunner
 
     runner = TensorRTRunner(path, plugin=plugin, allow_engine_host_code=allow_engine_host_code)
-    return runner, runner.manifest.dtype if runner.manifest is not None else runner.output_dtype()
+    return runner, runner.storage_dtype(dtype)

@@ -20,6 +20,9 @@ def build(
     plugin: Plugin = None,
     batch: Annotated[str | None, typer.Option(help="Batch range MIN:OPT:MAX [the exported range].")] = None,
     seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [the exported range].")] = None,
+    past: Annotated[str | None, typer.Option(
+        help="With-past ONNX: past length range MIN:OPT:MAX, MIN may be 0; the mask's past + seq follows "
+             "[the exported range].")] = None,
     timing_cache: Annotated[Path | None, typer.Option(help="Timing cache to read and update.")] = None,
     opt_level: Annotated[int | None, typer.Option(help="Builder optimization level 0..5.")] = None,
     embed_plugin: Annotated[bool, typer.Option(
@@ -31,7 +34,8 @@ def build(
 
     opts = BuildOptions(
         onnx=onnx, output=output, plugin=plugin, batch=parse_range(batch, "batch"), seq=parse_range(seq, "seq"),
-        timing_cache=timing_cache, opt_level=opt_level, embed_plugin=embed_plugin, workspace_mb=workspace,
+        past=parse_range(past, "past", lowest=0), timing_cache=timing_cache, opt_level=opt_level,
+        embed_plugin=embed_plugin, workspace_mb=workspace,
     )
     engine = opts.resolved_output()
     check_outputs({"-o": engine, "--timing-cache": timing_cache, "manifest": manifest_path(engine)},

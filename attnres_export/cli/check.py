@@ -19,6 +19,7 @@ from attnres_export.cli.options import (
     parse_shapes,
     parse_tolerances,
 )
+from attnres_export.dtypes import STORAGE_TYPES
 from attnres_export.errors import AttnresError
 
 
@@ -29,6 +30,9 @@ def check(
     engine: Annotated[list[Path] | None, typer.Option(
         "--engine", help="TensorRT engine (from attnres build; from trtexec or Polygraphy with --plugin).")] = None,
     plugin: Plugin = None,
+    engine_dtype: Annotated[str | None, typer.Option(
+        help="Engines without a manifest: the dtype of the ONNX they were built from (picks the pass bar) "
+             "[what their I/O tensors tell].")] = None,
     allow_engine_host_code: AllowEngineHostCode = False,
     ort_provider: Annotated[str, typer.Option(help="ONNX Runtime provider for --onnx: cpu or cuda.")] = "cpu",
     shapes: Shapes = None,
@@ -54,6 +58,8 @@ def check(
     artifacts = {f"artifact {i}": path for i, path in enumerate([*(onnx or []), *(engine or [])])}
     check_outputs({"--report": report}, {"MODEL": model, "--plugin": plugin, **artifacts})
     overrides = parse_tolerances(tol)
+    if engine_dtype is not None and engine_dtype not in STORAGE_TYPES:
+        raise AttnresError(f"--engine-dtype {engine_dtype!r}: choose one of {', '.join(STORAGE_TYPES)}")
     wanted_shapes = parse_shapes(shapes)
     reference_model, config = load_checkpoint(model)
     runners, recorded_dims = [], []
@@ -62,7 +68,11 @@ def check(
         runners.append((runner, dtype, tolerance_for(dtype, overrides)))
         recorded_dims.append(export_info(onnx_model).get("dims", {}))
     for path in engine or []:
-        runner, dtype = engine_runner(path, plugin, allow_engine_host_code)
+        runner, dtype = engine_runner(path, plugin, allow_engine_host_code, engine_dtype)
+        if dtype is None:
+            raise AttnresError(f"{path.name} has no manifest, and its input and output types do not tell its dtype "
+                               "(attnres exports write float32 logits in every dtype); pass --engine-dtype "
+                               f"{'|'.join(STORAGE_TYPES)}, the dtype of the ONNX it was built from")
         runners.append((runner, dtype, tolerance_for(dtype, overrides)))
         recorded_dims.append(runner.manifest.dims if runner.manifest is not None else {})
     refuse_shapes_outside(wanted_shapes, recorded_dims, config.max_seq_len)

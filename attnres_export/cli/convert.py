@@ -11,10 +11,10 @@ from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import file_size
 
-ORT_TRT_UNSUPPORTED = (
-    "ONNX Runtime's TensorRT execution provider lists only IPluginV2 creators (getPluginCreatorList) and the "
-    "attnres plugins are IPluginV3, so it does not run this file yet (no ONNX Runtime version is known to); "
-    "run TensorRT through `attnres build` (docs/tensorrt.md)"
+ORT_TRT_NOTE = (
+    "for ONNX Runtime's TensorRT execution provider from ONNX Runtime 1.22 (earlier versions list no IPluginV3 "
+    "creators), with trt_extra_plugin_lib_paths naming libattnres_trt.so; read in ONNX Runtime's and onnx-tensorrt's "
+    "sources, not yet run on a GPU (docs/tensorrt.md)"
 )
 
 
@@ -33,4 +33,4 @@ def convert(
     files = save_onnx_atomic(convert_model(load_onnx(source), target), output)
     console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}) for target {target}")
     if target == "ort-trt":
-        err_console.print(f"[yellow]warning:[/yellow] {ORT_TRT_UNSUPPORTED}")
+        err_console.print(f"note: {ORT_TRT_NOTE}", highlight=False, soft_wrap=True)

@@ -35,8 +35,9 @@ Vocab = Annotated[int | None, typer.Option(
     min=1, help="Foreign models: integer inputs are drawn from [0, VOCAB) [the size of the table they index, else 2].")]
 
 
-def parse_range(text: str | None, option: str) -> DimRange | None:
-    """``MIN:OPT:MAX`` (or ``N`` for ``N:N:N``) given to ``--OPTION``; None stays None."""
+def parse_range(text: str | None, option: str, lowest: int = 1) -> DimRange | None:
+    """``MIN:OPT:MAX`` (or ``N`` for ``N:N:N``) given to ``--OPTION``, MIN at least ``lowest`` (0 for a past
+    length: a prefill has none); None stays None."""
     if text is None:
         return None
     parts = text.split(":")
@@ -49,8 +50,8 @@ def parse_range(text: str | None, option: str) -> DimRange | None:
     if len(values) != 3:
         raise AttnresError(f"--{option} {text!r}: expected MIN:OPT:MAX with whole numbers, e.g. 1:8:64")
     lo, opt, hi = values
-    if not 1 <= lo <= opt <= hi:
-        raise AttnresError(f"--{option} {text!r}: need 1 <= MIN <= OPT <= MAX")
+    if not lowest <= lo <= opt <= hi:
+        raise AttnresError(f"--{option} {text!r}: need {lowest} <= MIN <= OPT <= MAX")
     if hi > MAX_DIM:
         raise AttnresError(f"--{option} {text!r}: MAX is over {MAX_DIM}; ask for a range a device can hold")
     return DimRange(lo, opt, hi)

@@ -59,8 +59,30 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
     for node in attnres_nodes(out.graph):
         OPS[node.op_type].compact(node)
     if target == "ort-trt":
+        _type_fused_outputs(out)
         _move_domain(out, DOMAIN, ORT_TRT_DOMAIN)
     return out
+
+
+def _type_fused_outputs(model: onnx.ModelProto) -> None:
+    """Give every output of a fused node an element type in ``value_info`` (the ort-trt form, docs/tensorrt.md).
+
+    ONNX Runtime declares each ``trt.plugins`` op with variadic inputs and outputs of any type
+    (``TensorRTCustomOp``), and its custom-op type inference gives up on such outputs: a node output whose type the
+    file does not state fails the session with "type inference failed" before the TensorRT provider sees it.
+    """
+    graph = model.graph
+    stated = {v.name: v for v in (*graph.value_info, *graph.output)}
+    missing = [name for node in attnres_nodes(graph) for name in node.output
+               if name and not stated.get(name, onnx.ValueInfoProto()).type.tensor_type.elem_type]
+    if not missing:
+        return
+    types = value_types(model)
+    for name in missing:
+        if name in stated:
+            stated[name].type.tensor_type.elem_type = types[name]
+        else:
+            graph.value_info.append(oh.make_tensor_value_info(name, types[name], None))
 
 
 def _fused_node(record: dict) -> onnx.NodeProto:

@@ -75,7 +75,7 @@ def test_unknown_target_is_refused(exported):
         convert(exported, "tflite")
 
 
-def test_converting_to_ort_trt_warns_that_no_onnx_runtime_runs_it_yet(exported, tmp_path):
+def test_converting_to_ort_trt_names_the_onnx_runtime_it_is_for_and_that_no_gpu_ran_it(exported, tmp_path):
     from typer.testing import CliRunner
 
     from attnres_export.cli import app
@@ -84,4 +84,5 @@ def test_converting_to_ort_trt_warns_that_no_onnx_runtime_runs_it_yet(exported, 
     onnx.save(exported, str(source))
     result = CliRunner().invoke(app, ["convert", str(source), "--target", "ort-trt", "-o", str(tmp_path / "o.onnx")])
     assert result.exit_code == 0, result.output
-    assert "IPluginV2 creators" in result.output and "not run this file yet" in result.output
+    assert "from ONNX Runtime 1.22" in result.output and "trt_extra_plugin_lib_paths" in result.output
+    assert "not yet run on a GPU" in result.output

@@ -38,6 +38,8 @@ class BuildOptions:
     plugin: Path | None = None
     batch: DimRange | None = None
     seq: DimRange | None = None
+    past: DimRange | None = None
+    """With-past exports: the past length range (the mask's ``total`` follows it, profiles.py)."""
     timing_cache: Path | None = None
     opt_level: int | None = None
     embed_plugin: bool = False
@@ -99,7 +101,7 @@ def classify_layers(engine_info: dict, node_names: list[str]) -> tuple[list[str]
 def build_engine(opts: BuildOptions, status: Callable[[str], None] = lambda _: None) -> EngineBuild:
     """Preflight, parse, build, inspect, write ENGINE and ENGINE.json; raises EngineError with one line."""
     model = load_onnx(opts.onnx, load_external_data=False)
-    profile = derive_profile(model, {"batch": opts.batch, "seq": opts.seq})
+    profile = derive_profile(model, {"batch": opts.batch, "seq": opts.seq, "past": opts.past})
     trt = require_tensorrt()
     library = plugin_library.resolve(opts.plugin, dynamic=opts.embed_plugin)
     status(f"loading plugin library {library}")

@@ -2,6 +2,10 @@
 
 The exporter traced the model for the ranges recorded in its metadata; a profile outside them would build an
 engine for shapes the graph was never valid for, so such a range is refused here, before TensorRT runs.
+
+A with-past export (docs/decode.md) has a fourth dim, ``total`` = ``past + seq`` (the attention mask's length):
+it is never asked for, but derived from the past and seq ranges of the profile, so that narrowing ``--past`` or
+``--seq`` narrows the mask too and the engine is tuned for shapes that can occur together.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from attnres_export.errors import EngineError
 from attnres_export.graphs.metadata import export_info, input_axes
 
 Shape = tuple[int, ...]
+TOTAL = "total"
+"""The with-past dim ``past + seq`` (docs/decode.md)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,10 @@ def derive_profile(model: onnx.ModelProto, ranges: dict[str, DimRange | None] | 
     info = export_info(model)
     exported = {name: DimRange(*values) for name, values in info.get("dims", {}).items()}
     requested = {k: v for k, v in (ranges or {}).items() if v is not None}
+    if TOTAL in requested:
+        raise EngineError(f"--{TOTAL}: {TOTAL} is past + seq, derived from their ranges; pass --past or --seq instead")
+    if {TOTAL, "past", "seq"} <= exported.keys():
+        requested[TOTAL] = _total_range(exported, requested)
     used: dict[str, DimRange] = {}
     labelled: dict[str, list[str | int]] = {}
     profiles = []
@@ -65,6 +75,18 @@ def derive_profile(model: onnx.ModelProto, ranges: dict[str, DimRange | None] | 
     return Profile(tuple(profiles), used, labelled)
 
 
+def _total_range(exported: dict[str, DimRange], requested: dict[str, DimRange]) -> DimRange:
+    """``past + seq`` over the profile's past and seq ranges, its max clipped to the recorded total (the model's
+    max_seq_len); refused when the opt pair, or the longest past with the fewest new tokens, cannot fit in it."""
+    past, seq = (_inside(name, requested.get(name, exported[name]), exported[name]) for name in ("past", "seq"))
+    limit = exported[TOTAL].max
+    for what, size in (("OPT past + OPT seq", past.opt + seq.opt), ("MAX past + MIN seq", past.max + seq.min)):
+        if size > limit:
+            raise EngineError(f"--past {past} with --seq {seq}: {what} is {size}, over the exported {TOTAL} max "
+                              f"{limit} (past + seq, the attention mask's length); lower --past or --seq")
+    return DimRange(past.min + seq.min, past.opt + seq.opt, min(past.max + seq.max, limit))
+
+
 def _axis_range(name: str, axis: int, dim: str | int, label: str | None, exported: dict[str, DimRange],
                 requested: dict[str, DimRange]) -> DimRange:
     if isinstance(dim, int):
@@ -81,7 +103,11 @@ def _axis_range(name: str, axis: int, dim: str | int, label: str | None, exporte
     if wanted is None:
         raise EngineError(f"input {name!r} axis {axis} is dynamic ({dim!r}) and the ONNX records no range for it; "
                           f"pass --{key} MIN:OPT:MAX")
-    if bounds is not None and not (bounds.min <= wanted.min and wanted.max <= bounds.max):
+    return wanted if bounds is None else _inside(key, wanted, bounds)
+
+
+def _inside(key: str, wanted: DimRange, bounds: DimRange) -> DimRange:
+    if not (bounds.min <= wanted.min and wanted.max <= bounds.max):
         raise EngineError(f"--{key} {wanted} is outside the exported {key} range {bounds}; "
                           f"re-export with --{key} covering it, or build within {bounds.min}..{bounds.max}")
     return wanted

@@ -106,14 +106,36 @@ class TensorRTRunner(Runner):
         return (f"TensorRT {trt.__version__} could not deserialize {self.artifact} (built with TensorRT {built}"
                 + (f", plugin {library}" if library else "") + f"); {fix}")
 
-    def output_dtype(self) -> str:
-        """The storage dtype of the engine's first floating-point output (for engines without a manifest)."""
+    def storage_dtype(self, stated: str | None = None) -> str | None:
+        """The dtype the engine was exported in (it picks the pass bar): the manifest's; else ``stated`` (the
+        caller's word for an engine built by trtexec or Polygraphy); else what the engine's inputs and outputs tell,
+        or None when they tell nothing. ``stated`` is refused when the manifest or the I/O says otherwise."""
+        if self.manifest is not None:
+            if stated is not None and stated != self.manifest.dtype:
+                raise EngineError(f"{self.artifact} was built from a {self.manifest.dtype} ONNX (its manifest "
+                                  f"{manifest_path(self.path).name}); it is not {stated}")
+            return self.manifest.dtype
+        told = self._io_dtype()
+        if stated is not None and told is not None and stated != told:
+            raise EngineError(f"{self.artifact}'s input and output types say it was exported in {told}, not {stated}; "
+                              f"pass --engine-dtype {told}, or leave it out")
+        return stated or told
+
+    def _io_dtype(self) -> str | None:
+        """The storage dtype the engine's I/O tensors prove, or None. An attnres export writes its logits (and
+        RealFormer's hidden states) in float32 whatever its dtype, so a float32 output proves nothing; a float16 or
+        bfloat16 tensor, or a float32 input (a with-past export's cache is in the export dtype), does."""
         self.load()
-        for name in self.io_names(False):
-            kind = TENSORRT_TO_NAME.get(self.engine.get_tensor_dtype(name).name)
-            if kind in STORAGE_TYPES:
-                return kind
-        raise EngineError(f"{self.artifact} has no {'/'.join(STORAGE_TYPES)} output to compare")
+        halves, float32_input = set(), False
+        for is_input in (True, False):
+            for name in self.io_names(is_input):
+                kind = TENSORRT_TO_NAME.get(self.engine.get_tensor_dtype(name).name)
+                if kind in STORAGE_TYPES and kind != "float32":
+                    halves.add(kind)
+                float32_input |= is_input and kind == "float32"
+        if len(halves) == 1:
+            return halves.pop()
+        return "float32" if float32_input and not halves else None
 
     def input_axes(self) -> dict[str, list[str | int]]:
         """Each input's axes: the manifest's labels, else the engine's dims with dynamic axes 0 and 1 read as

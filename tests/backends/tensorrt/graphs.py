@@ -28,6 +28,31 @@ def token_model(dims: dict | None = None, batch: str | int = "batch", seq: str |
     return model
 
 
+def past_model(past_type: int = TensorProto.FLOAT16, dims: dict | None = None) -> onnx.ModelProto:
+    """A with-past graph's inputs and outputs (docs/decode.md) with attnres-export metadata: ``input_ids [batch,
+    seq]``, ``attention_mask [batch, total]``, one ``past_key_values.0.key [batch, 2, past, 4]`` of ``past_type`` ->
+    float32 ``logits [batch, seq, 1]`` and ``present.0.key [batch, 2, total, 4]``. Recorded dims by default: batch
+    1:1:4, seq 1:1:16, past 0:8:15 and total 1:9:16 (what ``with_past_ranges`` derives for max_seq_len 16)."""
+    past = "past_key_values.0.key"
+    inputs = [oh.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              oh.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]),
+              oh.make_tensor_value_info(past, past_type, ["batch", 2, "past", 4])]
+    outputs = [oh.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 1]),
+               oh.make_tensor_value_info("present.0.key", past_type, ["batch", 2, "total", 4])]
+    nodes = [oh.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+             oh.make_node("Unsqueeze", ["f", "axes"], ["logits"]),
+             oh.make_node("Identity", [past], ["present.0.key"])]
+    axes = numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")
+    model = oh.make_model(oh.make_graph(nodes, "with_past", inputs, outputs, [axes]),
+                          opset_imports=[oh.make_opsetid("", 18)])
+    meta = {"dtype": "float16", "op_set_version": 1, "target": "tensorrt", "with_past": True,
+            "dims": dims or {"batch": [1, 1, 4], "seq": [1, 1, 16], "past": [0, 8, 15], "total": [1, 9, 16]},
+            "inputs": {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "total"],
+                       past: ["batch", 2, "past", 4]}}
+    model.metadata_props.append(onnx.StringStringEntryProto(key="attnres.export", value=json.dumps(meta)))
+    return model
+
+
 def aggregate_model(source_type: int = TensorProto.FLOAT, weight_type: int = TensorProto.FLOAT,
                     version: str | None = "1", namespace: str | None = "attnres", domain: str = "attnres",
                     with_function: bool = False, second_source_type: int | None = None,

@@ -16,7 +16,7 @@ from attnres_export.backends.tensorrt.manifest import read_manifest, sha256_file
 from attnres_export.cli import app
 from attnres_export.dims import DimRange
 from attnres_export.errors import EngineError
-from tests.backends.tensorrt.graphs import aggregate_model
+from tests.backends.tensorrt.graphs import aggregate_model, past_model
 
 AGGREGATIONS = ["node_aggregate", "node_aggregate_1", "node_aggregate_2", "node_aggregate_3", "node_aggregate_4"]
 
@@ -151,3 +151,29 @@ def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fak
     manifest = build_engine(BuildOptions(onnx_path, tmp_path / "n.engine", plugin=libraries.trt)).manifest
     assert manifest.plugin_nodes == [name.replace("aggregate", "aggregate_norm") for name in AGGREGATIONS]
     assert manifest.inlined_nodes == [] and manifest.unknown_nodes == []
+
+
+def test_cli_build_past_narrows_the_past_inputs_and_the_mask_together(fake_trt, libraries, tmp_path):
+    model = tmp_path / "past.onnx"
+    onnx.save(past_model(), str(model))
+    out = tmp_path / "past.engine"
+    result = CliRunner().invoke(app, ["build", str(model), "-o", str(out), "--plugin", str(libraries.trt),
+                                      "--past", "0:3:6", "--seq", "1:1:2"])
+    assert result.exit_code == 0, result.output
+    profile = payload(fake_trt, out)["profiles"][0]
+    assert profile["past_key_values.0.key"] == [[1, 2, 0, 4], [1, 2, 3, 4], [4, 2, 6, 4]]
+    assert profile["attention_mask"] == [[1, 1], [1, 4], [4, 8]]
+    assert read_manifest(out).dims == {"batch": [1, 1, 4], "seq": [1, 1, 2], "past": [0, 3, 6], "total": [1, 4, 8]}
+
+
+@pytest.mark.parametrize(("past", "message"), [
+    ("-1:2:4", "--past '-1:2:4': need 0 <= MIN <= OPT <= MAX"),
+    ("0:8:20", "--past 0:8:20 is outside the exported past range 0:8:15"),
+])
+def test_cli_build_refuses_a_bad_past_range_in_one_line(fake_trt, libraries, tmp_path, past, message):
+    model = tmp_path / "past.onnx"
+    onnx.save(past_model(), str(model))
+    result = CliRunner().invoke(app, ["build", str(model), "--plugin", str(libraries.trt), "--past", past])
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert message in line

@@ -20,7 +20,7 @@ from attnres_export.backends.tensorrt.manifest import manifest_path, read_manife
 from attnres_export.backends.tensorrt.runner import TensorRTRunner
 from attnres_export.cli import app
 from attnres_export.errors import EngineError
-from tests.backends.tensorrt.graphs import aggregate_model
+from tests.backends.tensorrt.graphs import aggregate_model, past_model
 
 
 def pretend_gpu(monkeypatch) -> None:
@@ -119,18 +119,72 @@ def test_an_embedded_engine_whose_fallback_library_is_gone_names_both_ways_out(
         TensorRTRunner(embedded_engine).plugin_to_load()
 
 
-def test_an_engine_without_manifest_runs_with_plugin_and_takes_its_dtype_from_the_first_float_output(
-        fake_trt, libraries, tmp_path, monkeypatch):
-    model = tmp_path / "agg.onnx"
-    onnx.save(aggregate_model(source_type=TensorProto.FLOAT16), str(model))
+def trtexec_engine(trt, libraries, model: onnx.ModelProto, tmp_path, monkeypatch):
+    """An engine built from ``model`` whose manifest is gone (as trtexec or Polygraphy would leave it), loaded as by
+    a process that did not build it."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
     out = tmp_path / "trtexec.engine"
-    build_engine(BuildOptions(model, out, plugin=libraries.trt))
+    build_engine(BuildOptions(path, out, plugin=libraries.trt))
     manifest_path(out).unlink()
-    as_in_a_new_process(fake_trt, monkeypatch)
+    as_in_a_new_process(trt, monkeypatch)
     pretend_gpu(monkeypatch)
-    runner, dtype = engine_runner(out, plugin=libraries.trt)
-    assert dtype == "float16" and runner.manifest is None
-    assert runner.input_axes() == {"sw": [8], "x0": [4, 8], "x1": [4, 8]}
+    return out
+
+
+@pytest.mark.parametrize(("model", "dtype"), [
+    (aggregate_model(source_type=TensorProto.FLOAT16), "float16"),  # float16 sources and output
+    (aggregate_model(source_type=TensorProto.BFLOAT16), "bfloat16"),
+    (aggregate_model(), "float32"),  # float32 inputs: a float16 export's are float16
+    (past_model(TensorProto.FLOAT16), "float16"),  # float32 logits, float16 cache
+    (past_model(TensorProto.FLOAT), "float32"),
+])
+def test_an_engine_without_manifest_takes_its_dtype_from_its_io_tensors(
+        fake_trt, libraries, tmp_path, monkeypatch, model, dtype):
+    out = trtexec_engine(fake_trt, libraries, model, tmp_path, monkeypatch)
+    runner, found = engine_runner(out, plugin=libraries.trt)
+    assert found == dtype and runner.manifest is None
+
+
+def test_an_engine_whose_only_float_tensor_is_float32_logits_has_no_dtype_unless_stated(
+        fake_trt, libraries, engine, monkeypatch):
+    manifest_path(engine).unlink()  # built from the float16 export: int64 input_ids -> float32 logits
+    pretend_gpu(monkeypatch)
+    assert engine_runner(engine, plugin=libraries.trt)[1] is None
+    assert engine_runner(engine, plugin=libraries.trt, dtype="float16")[1] == "float16"
+
+
+def test_a_stated_dtype_the_io_tensors_contradict_is_refused_in_one_line(fake_trt, libraries, tmp_path, monkeypatch):
+    out = trtexec_engine(fake_trt, libraries, past_model(TensorProto.FLOAT16), tmp_path, monkeypatch)
+    with pytest.raises(EngineError, match="say it was exported in float16, not float32; pass --engine-dtype "
+                                          "float16") as err:
+        engine_runner(out, plugin=libraries.trt, dtype="float32")
+    assert "\n" not in str(err.value)
+
+
+def test_a_stated_dtype_the_manifest_contradicts_is_refused(fake_trt, engine):
+    assert engine_runner(engine, dtype="float16")[1] == "float16"
+    with pytest.raises(EngineError, match=r"built from a float16 ONNX \(its manifest m\.engine\.json\); it is not "
+                                          "bfloat16"):
+        engine_runner(engine, dtype="bfloat16")
+
+
+def test_check_of_an_engine_whose_io_does_not_tell_its_dtype_asks_for_it_in_one_line(
+        fake_trt, libraries, engine, block2_checkpoint, monkeypatch):
+    manifest_path(engine).unlink()
+    pretend_gpu(monkeypatch)
+    result = CliRunner().invoke(app, ["check", str(block2_checkpoint), "--engine", str(engine),
+                                      "--plugin", str(libraries.trt)])
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert "do not tell its dtype" in line and "pass --engine-dtype float32|float16|bfloat16" in line
+
+
+def test_check_refuses_an_unknown_engine_dtype_in_one_line(fake_trt, engine, block2_checkpoint):
+    result = CliRunner().invoke(app, ["check", str(block2_checkpoint), "--engine", str(engine),
+                                      "--engine-dtype", "float64"])
+    assert result.exit_code == 1
+    assert "--engine-dtype 'float64': choose one of float32, float16, bfloat16" in result.output
 
 
 def test_an_engine_with_neither_manifest_nor_plugin_says_what_is_missing(fake_trt, engine):
