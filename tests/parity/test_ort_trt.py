@@ -24,8 +24,10 @@ from attnres_export.errors import ParityError
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.targets import convert
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
+from attnres_export.models.realformer import RealFormerConfig
 from attnres_export.ops.onnx_nodes import attribute
 from attnres_export.plugins.build import SOURCE_DIR
 from tests.conftest import slow_after
@@ -56,10 +58,10 @@ def creators() -> dict[str, dict]:
 
 
 EXPORTS = {
-    "fused-norm": (ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=16,
-                               block_size=2), {"dtype": "float16", "fuse_norm": True}),
-    "realformer": (ModelConfig(arch="realformer", vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32,
-                               max_seq_len=16, residual="standard", block_size=0, running_mean=True), {}),
+    "fused-norm": (AttnResLMConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=16,
+                                   block_size=2), {"dtype": "float16", "fuse_norm": True}),
+    "realformer": (RealFormerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=16,
+                                    running_mean=True), {}),
 }
 """Exports with the other two ops: AttnResAggregateNorm (--fuse-norm, float16) and ResidualScoreAttention
 (RealFormer: padding mask, residual scores from layer 1 on)."""
