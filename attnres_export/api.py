@@ -4,7 +4,7 @@ research code): the same pipeline and the same result objects as ``attnres-expor
     from attnres_export.api import export, fuse
 
     result = export(model, (input_ids,), "model.onnx")      # ForeignExportResult: .path, .report, .fusion
-    fusion, report = fuse(onnx.load("plain.onnx"))           # FusionResult (.model, .sites), Report
+    fusion, report = fuse(onnx.load("plain.onnx"))           # FusionResult (.model, .fused_by_op), Report
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def export(module: nn.Module, example_inputs: tuple | Mapping[str, torch.Tensor]
 def fuse(model: onnx.ModelProto | str | Path, *, feeds: Mapping[str, np.ndarray] | None = None,
          example_shapes: Mapping[str, list[int]] | None = None, vocab: int | None = None, seed: int = 0,
          check: bool = True, strict: bool = False) -> tuple[FusionResult, Report | None]:
-    """Fuse the depth aggregations of an ONNX model; ``fusion.model`` is the fused model (nothing is written).
+    """Fuse the sites of every fusion pattern in an ONNX model (depth aggregations, residual-score attention);
+    ``fusion.model`` is the fused model, ``fusion.fused_by_op`` the fused nodes per op (nothing is written).
 
     ``feeds`` drive the reference run (random ones from the declared shapes, or ``example_shapes``, by default);
     with ``check`` the fused model is compared with the original on them.

@@ -51,5 +51,5 @@ def fuse(
     if not parity.ok:
         fail(f"the fused model does not match the original (see the table); it was kept as {written} for "
              f"inspection, and {output} was not written")
-    residual = f", {fusion.fused_residual} ResidualScoreAttention nodes" if fusion.fused_residual else ""
-    console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}): {fusion.fused} AttnResAggregate nodes{residual}")
+    nodes = ", ".join(f"{count} {op} nodes" for op, count in fusion.fused_by_op.items()) or "no attnres nodes"
+    console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}): {nodes}")

@@ -8,7 +8,6 @@ from rich.table import Table
 
 from attnres_export.backends.bench import Workload
 from attnres_export.graphs.fusion import FusionResult
-from attnres_export.graphs.fusion.classify import DEPTH, RESIDUAL
 from attnres_export.parity.report import Report
 
 
@@ -34,16 +33,14 @@ def report_table(report: Report, title: str = "Parity against the float32 PyTorc
 
 def fusion_table(fusion: FusionResult) -> Table:
     summary = fusion.to_dict()
-    residual = (f"; residual-score attention: {summary['residual_attention']} found, "
-                f"{summary['residual_attention_fused']} fused" if summary["residual_attention"] else "")
-    table = Table(title=f"Depth aggregations: {summary['sites_found']} found, {summary['fused']} fused, "
-                        f"{summary['rejected']} left unfused{residual}; {summary['attention']} attention and "
+    found = [f"{op}: {counts['found']} found, {counts['fused']} fused, {counts['unfused']} left unfused"
+             for op, counts in summary["by_op"].items() if counts["found"]]
+    table = Table(title=f"Fusion sites: {'; '.join(found) or 'none found'}; {summary['attention']} attention and "
                         f"{summary['other']} other softmaxes left alone")
     for column in ("softmax", "kind", "sources", "result", "eps", "rel L2", "reason"):
         table.add_column(column)
     for s in fusion.sites:
-        result = "[green]fused[/green]" if s.fused else \
-            "[yellow]unfused[/yellow]" if s.kind in (DEPTH, RESIDUAL) else "left alone"
+        result = "[green]fused[/green]" if s.fused else "[yellow]unfused[/yellow]" if s.op_type else "left alone"
         table.add_row(s.site, s.kind, "" if s.sources is None else str(s.sources), result,
                       "" if s.eps is None else f"{s.eps:.3g}", "" if s.rel_l2 is None else f"{s.rel_l2:.2g}",
                       s.reason)

@@ -30,7 +30,6 @@ from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.graphs.targets import convert
-from attnres_export.ops.opset import AGGREGATE, RESIDUAL_ATTENTION
 from attnres_export.parity.fusion_checks import fuse_with_shape_hint, refuse_crashing, whole_model_parity
 
 PICKLE_RISK = (
@@ -70,9 +69,7 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     fusion = fuse_with_shape_hint(original, feeds, opts.seed)
     refuse_unfused(fusion, strict)
     model = fusion.model
-    fused_by_type = {op: count for op, count in ((AGGREGATE, fusion.fused),
-                                                 (RESIDUAL_ATTENTION, fusion.fused_residual)) if count}
-    fused = sum(fused_by_type.values())
+    fused = sum(fusion.fused_by_op.values())
     set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": opts.dtype,
                                                  "target": opts.target, "source": source.kind,
                                                  "fused": fused}))
@@ -88,7 +85,7 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused,
                              "onnx": str(out), "reference": source.reference, "fusion": fusion.to_dict()})
-    return ForeignExportResult(out, files, fused, fused, report, fused_by_type, fusion=fusion)
+    return ForeignExportResult(out, files, fused, fused, report, fusion.fused_by_op, fusion=fusion)
 
 
 @dataclass

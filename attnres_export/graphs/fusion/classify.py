@@ -1,9 +1,9 @@
-"""What a Softmax that fusion did not match is: attention over tokens, or something else.
+"""What a Softmax that no pattern fuses is: attention over tokens, or something else.
 
-A Softmax whose weights are traced to a stack of separate tensors is a depth aggregation whatever happens to it
-next (match.py); the others are told apart here so that the report does not call an attention layer a rejected
-aggregation. Attention: the logits come from a product of two activations (Q K^T) and the weights multiply
-another activation (P V). Anything else is "other".
+Softmaxes that no pattern takes as its kind of site are told apart here, so that the report does not call an
+attention layer a rejected aggregation. Attention: the logits come from a product of two activations (Q K^T) and
+the weights multiply another activation (P V). Anything else is "other". Which values are activations (depend on a
+graph input) is shared by every pattern.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ import onnx
 
 from attnres_export.graphs.fusion.graph import GraphIndex
 
-DEPTH, ATTENTION, OTHER = "depth aggregation", "attention", "other softmax"
-RESIDUAL = "residual-score attention"
-"""Attention whose logits add the previous layer's scores (RealFormer): residual_scores.py, not this module."""
+ATTENTION, OTHER = "attention", "other softmax"
 PRODUCTS = {"MatMul", "Einsum", "Gemm"}
 PASS_THROUGH = {"Cast", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Div", "Mul", "Add", "Sub",
                 "Where", "Expand", "Neg"}
-STACKS = {"Concat", "ConcatFromSequence", "ScatterElements", "ScatterND"}
 MAX_STEPS = 16
 
 
@@ -81,22 +78,13 @@ def _products_reached(name: str, neighbours: Callable[[str], Iterable[onnx.NodeP
     return found
 
 
-def classify_unmatched(index: GraphIndex, softmax: onnx.NodeProto, activations: _Activations) -> str:
-    """``attention``, ``depth aggregation`` (a stack the matcher could not trace) or ``other softmax``."""
+def is_attention(index: GraphIndex, softmax: onnx.NodeProto, activations: Callable[[str], bool]) -> bool:
+    """Do the logits come from a product of two activations and the weights multiply another activation?"""
     def two_activations(node: onnx.NodeProto) -> bool:
         return sum(activations(i) for i in node.input if i) >= 2
 
-    if any(map(two_activations, _products_behind(index, softmax.input[0]))) and \
-            any(map(two_activations, _products_after(index, softmax.output[0]))):
-        return ATTENTION
-    stacked = index.producer.get(softmax.input[0])
-    for _ in range(MAX_STEPS):
-        if stacked is None:
-            break
-        if stacked.op_type in STACKS:
-            return DEPTH
-        stacked = index.producer.get(stacked.input[0]) if stacked.input else None
-    return OTHER
+    return any(map(two_activations, _products_behind(index, softmax.input[0]))) and \
+        any(map(two_activations, _products_after(index, softmax.output[0])))
 
 
 def activations(index: GraphIndex) -> _Activations:

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnres_export.cli import app
+from attnres_export.ops.opset import AGGREGATE
 from tests.conftest import slow_after
 from tests.graphs.fusion.foreign_models import POSITIVE, StackEinsumLM, TokenMajorLM
 from tests.graphs.fusion.helpers import fused_count, matches_torch, plain_onnx, save_program
@@ -32,7 +33,7 @@ def test_pt2_program_exports_with_one_fused_node_per_aggregation_and_matches_tor
     fused = onnx.load(str(out))
     assert fused_count(fused) == model.aggregations
     data = json.loads(report.read_text())
-    assert data["ok"] and data["fusion"]["fused"] == model.aggregations
+    assert data["ok"] and data["fusion"]["fused_by_op"] == {AGGREGATE: model.aggregations}
     assert matches_torch(fused, model)
 
 
@@ -55,7 +56,8 @@ def test_fuse_command_writes_the_fused_model_and_a_json_report(tmp_path):
     assert result.exit_code == 0, result.output
     assert fused_count(onnx.load(str(out))) == 5
     data = json.loads(report.read_text())
-    assert (data["sites_found"], data["fused"], data["rejected"], data["parity"]["ok"]) == (5, 5, 0, True)
+    assert data["by_op"][AGGREGATE] == {"kind": "depth aggregation", "found": 5, "fused": 5, "unfused": 0}
+    assert data["fused_by_op"] == {AGGREGATE: 5} and data["parity"]["ok"]
 
 
 def test_pickled_module_without_trust_pickle_is_refused_in_one_line_and_writes_nothing(tmp_path):
@@ -128,7 +130,7 @@ def test_pt2_exports_in_half_precision_fusing_every_aggregation_at_the_dtypes_ba
     result = invoke("export", program, "-o", out, "--dtype", dtype, "--report", report)
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
-    assert data["dtype"] == dtype and data["ok"] and data["fusion"]["fused"] == model.aggregations
+    assert data["dtype"] == dtype and data["ok"] and data["fusion"]["fused_by_op"] == {AGGREGATE: model.aggregations}
     assert data["reference"] == "the PyTorch module"
     elem = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
     assert elem in {i.data_type for i in onnx.load(str(out)).graph.initializer}

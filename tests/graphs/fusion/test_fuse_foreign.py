@@ -8,6 +8,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from attnres_export.ops.opset import AGGREGATE
 from tests.conftest import slow_after
 from tests.graphs.fusion.foreign_models import (
     NEGATIVE,
@@ -25,7 +26,7 @@ def test_plain_dynamo_export_at_opset_23_fuses_every_aggregation_and_matches_tor
     model = POSITIVE[style]().eval()
     result, parity = fuse(plain_onnx(POSITIVE[style], opset=23))
     assert [s.reason for s in result.sites if not s.fused] == []
-    assert fused_count(result.model) == result.fused == model.aggregations
+    assert fused_count(result.model) == result.fused_by_op[AGGREGATE] == model.aggregations
     assert parity.ok
     assert matches_torch(result.model, model)
 
@@ -56,7 +57,7 @@ def test_score_weights_are_the_folded_gain_times_query_for_every_source_count(st
 def test_non_attnres_softmaxes_are_left_alone(style):
     original = plain_onnx(NEGATIVE[style], opset=18)
     result, parity = fuse(original)
-    assert result.fused == 0 and fused_count(result.model) == 0
+    assert result.fused_by_op == {} and fused_count(result.model) == 0
     assert len(result.sites) == 5 and all(s.reason for s in result.sites)
     assert len(result.model.graph.node) == len(original.graph.node)
     assert parity.ok
@@ -208,7 +209,7 @@ def test_static_exports_fuse_zero_partial_sources_that_folded_to_constants(style
 def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
     model = OnesPartialLM().eval()
     result, parity = fuse(plain_onnx(OnesPartialLM, opset=18, static=True))
-    assert fused_count(result.model) == result.fused == model.aggregations
+    assert fused_count(result.model) == result.fused_by_op[AGGREGATE] == model.aggregations
     unfused = result.unfused_depth
     assert len(unfused) == 2 and all("is a constant that is not zero" in s.reason for s in unfused)
     assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)

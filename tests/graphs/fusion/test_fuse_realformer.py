@@ -20,11 +20,10 @@ from typer.testing import CliRunner
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.cli import app
 from attnres_export.graphs.fusion import FusionResult, random_feeds
-from attnres_export.graphs.fusion.capture import capture_all
-from attnres_export.graphs.fusion.classify import ATTENTION, RESIDUAL, activations
-from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.residual_scores import fuse_residual_scores
-from attnres_export.graphs.fusion.residual_verify import verify_attention
+from attnres_export.graphs.fusion.classify import ATTENTION
+from attnres_export.graphs.fusion.context import FusionContext
+from attnres_export.graphs.fusion.residual.pattern import RESIDUAL, ResidualScorePattern
+from attnres_export.graphs.fusion.residual.verify import verify_attention
 from attnres_export.graphs.targets import convert
 from attnres_export.graphs.types import value_types
 from attnres_export.ops.descriptors import OPS
@@ -83,7 +82,7 @@ def test_every_residual_score_layer_fuses_into_one_node_and_the_result_matches_t
     result, parity = fused_styles[style]
     residual = [s for s in result.sites if s.kind == RESIDUAL]
     assert [s.reason for s in residual] == [""] * LAYERS and all(s.fused for s in residual)
-    assert len(attention_nodes(result.model)) == result.fused_residual == LAYERS and result.fused == 0
+    assert len(attention_nodes(result.model)) == LAYERS and result.fused_by_op == {RESIDUAL_ATTENTION: LAYERS}
     assert not [n for n in result.model.graph.node if n.op_type == "Softmax"]
     assert parity.ok
     assert matches_torch(result.model, RESIDUAL_STYLES[style]().eval())
@@ -115,7 +114,7 @@ def test_scale_divisor_and_mask_are_read_off_each_style(fused_styles):
 def test_a_single_token_sequence_fuses_every_layer_and_matches_torch():
     original = plain_onnx(BertStyleRealFormer, opset=18)
     result, parity = fuse_and_check(original, random_feeds(original, 3, {"input_ids": [2, 1]}), seed=3)
-    assert result.fused_residual == LAYERS and parity.ok
+    assert result.fused_by_op == {RESIDUAL_ATTENTION: LAYERS} and parity.ok
     assert matches_torch(result.model, BertStyleRealFormer().eval(), batch=2, seq=1)
 
 
@@ -128,7 +127,7 @@ def test_float16_realformer_fuses_with_a_float32_running_sum_and_matches_torch_a
                                  output_names=["hidden"], opset_version=18).model_proto
     result, parity = fuse(half)
     nodes = attention_nodes(result.model)
-    assert len(nodes) == result.fused_residual == LAYERS and parity.ok
+    assert len(nodes) == result.fused_by_op[RESIDUAL_ATTENTION] == LAYERS and parity.ok
     types = value_types(result.model)
     assert {types[n.output[1]] for n in nodes} == {onnx.TensorProto.FLOAT}
     assert {types[inputs_of(n)["q"]] for n in nodes} == {onnx.TensorProto.FLOAT16}
@@ -145,7 +144,7 @@ def test_bfloat16_realformer_fuses_and_passes_whole_model_parity_at_the_bfloat16
                                  dynamic_shapes=dynamic_shapes(), input_names=["input_ids"],
                                  output_names=["hidden"], opset_version=18).model_proto
     result, parity = fuse(bf16)
-    assert result.fused_residual == LAYERS and parity.ok, parity.to_dict()
+    assert result.fused_by_op == {RESIDUAL_ATTENTION: LAYERS} and parity.ok, parity.to_dict()
     assert parity.checks[0].outputs["hidden"].rel_l2 > 1e-5
     assert {value_types(result.model)[inputs_of(n)["q"]] for n in attention_nodes(result.model)} == \
         {onnx.TensorProto.BFLOAT16}
@@ -155,7 +154,7 @@ def test_plain_attention_gets_no_residual_node_and_its_softmaxes_stay_attention(
     original = plain_onnx(PlainBert, opset=18)
     result, parity = fuse(original)
     assert [s.kind for s in result.sites] == [ATTENTION] * LAYERS
-    assert result.fused_residual == 0 and attention_nodes(result.model) == []
+    assert result.fused_by_op == {} and attention_nodes(result.model) == []
     assert len(result.model.graph.node) == len(original.graph.node) and parity.ok
 
 
@@ -189,16 +188,12 @@ def test_a_near_miss_is_rejected_with_its_reason_and_left_as_it_was(style, reaso
 def test_verification_rejects_a_replacement_with_a_wrong_scale_or_divisor(field, factor):
     model = plain_onnx(RunningMeanRealFormer, opset=18)
     numerics = onnxruntime_numerics()
-    values = capture_all(model, random_feeds(model, 0), numerics)
-    index = GraphIndex(model)
-    depends = activations(index)
-    softmaxes = [n for n in index.nodes if n.op_type == "Softmax"]
-    replacements, _ = fuse_residual_scores(index, softmaxes, values, value_types(model), depends,
-                                           lambda name: index.constant(name), numerics, 0)
-    last = replacements[-1]
-    assert verify_attention(index, last, values, 0, numerics).ok
+    context = FusionContext.build(model, random_feeds(model, 0), numerics, 0)
+    pattern = ResidualScorePattern()
+    last = pattern.replace(context, pattern.sites(context, context.softmaxes)[-1]).plan
+    assert verify_attention(context.index, last, context.values, 0, numerics).ok
     wrong = dataclasses.replace(last, **{field: getattr(last, field) * factor})
-    verdict = verify_attention(index, wrong, values, 0, numerics)
+    verdict = verify_attention(context.index, wrong, context.values, 0, numerics)
     assert not verdict.ok and "differs from ResidualScoreAttention" in verdict.reason
 
 
@@ -219,7 +214,8 @@ def test_fuse_command_reports_residual_score_attention_and_writes_one_node_per_l
     assert f"{LAYERS} ResidualScoreAttention nodes" in result.output
     assert len(attention_nodes(onnx.load(str(out)))) == LAYERS
     data = json.loads(report.read_text())
-    assert (data["residual_attention"], data["residual_attention_fused"], data["fused"]) == (LAYERS, LAYERS, 0)
+    assert data["by_op"][RESIDUAL_ATTENTION] == {"kind": RESIDUAL, "found": LAYERS, "fused": LAYERS, "unfused": 0}
+    assert data["fused_by_op"] == {RESIDUAL_ATTENTION: LAYERS}
     assert data["parity"]["ok"] and {s["kind"] for s in data["sites"]} == {RESIDUAL}
 
 
@@ -234,7 +230,7 @@ def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_th
     assert all(OPS[RESIDUAL_ATTENTION].is_compact(n) for n in attention_nodes(written))
     data = json.loads(report.read_text())
     assert data["ok"] and data["reference"] == "the PyTorch program"
-    assert data["fusion"]["residual_attention_fused"] == LAYERS
+    assert data["fusion"]["fused_by_op"] == {RESIDUAL_ATTENTION: LAYERS}
     assert data["fused_nodes"] == LAYERS
     assert f"{LAYERS} ResidualScoreAttention nodes fused" in result.output
     assert matches_torch(written, model)

@@ -9,14 +9,14 @@ import onnx
 from onnx import helper as oh
 from onnx import numpy_helper
 
+from attnres_export.graphs.fusion.depth.node import aggregate_node
 from attnres_export.graphs.fusion.graph import dead_code_elimination
-from attnres_export.graphs.fusion.node import aggregate_node
 from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, set_domain_import, unique_namer
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 
 @dataclass
-class Replacement:
+class AggregateReplacement:
     """One verified site: ``output`` becomes AttnResAggregate(score_weight, *sources) (cast to ``output_type``)."""
 
     name: str
@@ -29,7 +29,7 @@ class Replacement:
     """Sources that are no tensor of the graph (slots of a stacked constant): added as initializers."""
 
 
-def apply_replacements(model: onnx.ModelProto, replacements: list[Replacement]) -> onnx.ModelProto:
+def apply_replacements(model: onnx.ModelProto, replacements: list[AggregateReplacement]) -> onnx.ModelProto:
     """A copy of ``model`` whose replaced outputs come from fused nodes; unused nodes are then removed."""
     out = copy_model(model)
     if not replacements:

@@ -5,7 +5,7 @@ with ``k^T``, or an Einsum ``bhqd,bhkd->bhqk``) and whose weights multiply anoth
 an Einsum ``bhqk,bhkd->bhqd``) is read as an attention site: the path of tensors from the product
 to the softmax input, the operands added or multiplied on the way, and the ``P V`` product. A site carries residual
 scores when an operand on its path is (up to element-wise ops with constants) a tensor on another site's path: the
-previous layer's scores. Whether the site then computes ResidualScoreAttention is decided in residual_scores.py.
+previous layer's scores. Whether the site then computes ResidualScoreAttention is decided in scores.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from attnres_export.graphs.fusion.constants import GraphConstants
+from attnres_export.graphs.fusion.depth.constants import GraphConstants
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.handwritten import exp_sum_divisor
@@ -172,3 +172,20 @@ def _through_cast_back(index: GraphIndex, name: str, dtype: np.dtype, values: di
             and consumer.output[0] in values and values[consumer.output[0]].dtype == dtype:
         return consumer.output[0]
     return name
+
+
+STACKS = {"Concat", "ConcatFromSequence", "ScatterElements", "ScatterND"}
+STACK_STEPS = 16
+
+
+def logits_from_a_stack(index: GraphIndex, softmax: onnx.NodeProto) -> bool:
+    """Are the logits computed (along first inputs) from a stack the matcher could not trace? Such a softmax is
+    still a depth aggregation, reported unfused."""
+    node = index.producer.get(softmax.input[0])
+    for _ in range(STACK_STEPS):
+        if node is None:
+            return False
+        if node.op_type in STACKS:
+            return True
+        node = index.producer.get(node.input[0]) if node.input else None
+    return False

@@ -19,7 +19,7 @@ from attnres_export.dtypes import BY_ONNX
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.region import extract_region, region_model
-from attnres_export.graphs.fusion.residual_rewrite import KEY_SWAP, ResidualReplacement, attention_node
+from attnres_export.graphs.fusion.residual.rewrite import KEY_SWAP, ResidualReplacement, attention_node
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 Feeds = dict[str, np.ndarray]

@@ -15,8 +15,8 @@ from collections import deque
 
 import numpy as np
 
+from attnres_export.graphs.fusion.depth.match import SiteMatch
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.match import SiteMatch
 from attnres_export.graphs.fusion.resolve import strip_casts
 
 RESULT_WINDOW = 48

@@ -15,7 +15,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from attnres_export.dtypes import BY_ONNX
-from attnres_export.graphs.fusion.node import aggregate_node
+from attnres_export.graphs.fusion.depth.node import aggregate_node
 from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.probe import Evaluate
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION

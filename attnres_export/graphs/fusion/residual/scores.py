@@ -1,47 +1,39 @@
 """Finding the attention layers of a RealFormer written elsewhere and replacing each by one ResidualScoreAttention
 node (docs/fusion.md#residual-attention-scores).
 
-A layer is residual-score attention when the previous layer's scores are added to its logits (residual_match.py),
+A layer is residual-score attention when the previous layer's scores are added to its logits (match.py),
 or when its own scores are added so by the next layer (the first layer has no previous scores). Its score path
 must then read as the op: ``scores = scale * (q @ k^T) + prev`` (the tensor the next layer reads, or the sum itself
 in the last layer), then ``scores / divisor + mask``, the softmax over keys, and ``@ v``; every other op on the
 path rejects the site with its reason. Scale and divisor are the path's scalar constants; verification
-(residual_verify.py) decides. Attention without residual scores is left to the depth-aggregation pass, which
+(verify.py) decides. Attention without residual scores is left to the depth-aggregation pass, which
 reports it as attention.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from attnres_export.graphs.fusion.context import FusionContext
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.numerics import Numerics
 from attnres_export.graphs.fusion.probe import ConstantOf
-from attnres_export.graphs.fusion.residual_match import (
+from attnres_export.graphs.fusion.residual.match import (
     PLUMBING,
     AttentionSite,
-    DependsOnInput,
     Operand,
     attention_sites,
     operands_of,
     owner_of,
 )
-from attnres_export.graphs.fusion.residual_rewrite import ResidualReplacement
-from attnres_export.graphs.fusion.residual_verify import element_types, verify_attention
-
-
-@dataclass
-class ResidualOutcome:
-    """What happened to one residual-score attention site."""
-
-    fused: bool
-    reason: str = ""
-    rel_l2: float | None = None
+from attnres_export.graphs.fusion.residual.rewrite import ResidualReplacement
+from attnres_export.graphs.fusion.residual.verify import element_types, verify_attention
+from attnres_export.graphs.fusion.result import Replacement
 
 
 @dataclass
@@ -53,28 +45,35 @@ class _Role:
     problem: str = ""
 
 
-def fuse_residual_scores(index: GraphIndex, softmaxes: list[onnx.NodeProto], values: dict[str, np.ndarray],
-                         types: dict[str, int], depends_on_input: DependsOnInput, constant_of: ConstantOf,
-                         numerics: Numerics, seed: int) -> tuple[list[ResidualReplacement], dict[str, ResidualOutcome]]:
-    """Verified replacements, and the outcome of every residual-score site keyed by its softmax's output."""
-    sites = attention_sites(index, softmaxes, depends_on_input)
+@dataclass
+class ResidualSite:
+    anchor: onnx.NodeProto
+    """The site's softmax."""
+    attention: AttentionSite
+    role: _Role
+    name: str
+
+
+def residual_sites(context: FusionContext, softmaxes: Sequence[onnx.NodeProto]) -> list[ResidualSite]:
+    """The attention sites among ``softmaxes`` that add another layer's scores or whose scores another layer adds
+    (including those whose way of doing it is not ResidualScoreAttention: they are rejected with the reason)."""
+    sites = attention_sites(context.index, list(softmaxes), context.depends_on_input)
     roles = _roles(sites)
-    replacements, outcomes = [], {}
-    for number, site in enumerate(s for s in sites if id(s) in roles):
-        key = site.softmax.output[0]
-        try:
-            replacement = _plan(index, site, roles[id(site)], values, types, constant_of,
-                                f"attnres_fusion/residual_attention_{number}")
-            verdict = verify_attention(index, replacement, values, seed, numerics)
-        except Rejected as exc:
-            outcomes[key] = ResidualOutcome(False, str(exc))
-            continue
-        if not verdict.ok:
-            outcomes[key] = ResidualOutcome(False, verdict.reason)
-            continue
-        replacements.append(replacement)
-        outcomes[key] = ResidualOutcome(True, "", verdict.worst.rel_l2 if verdict.worst else None)
-    return replacements, outcomes
+    return [ResidualSite(site.softmax, site, roles[id(site)], f"attnres_fusion/residual_attention_{number}")
+            for number, site in enumerate(s for s in sites if id(s) in roles)]
+
+
+def fuse_residual_site(context: FusionContext, site: ResidualSite) -> Replacement | Rejected:
+    """The verified ResidualScoreAttention of ``site``, or why it is left alone."""
+    try:
+        plan = _plan(context.index, site.attention, site.role, context.values, context.types, context.constant_of,
+                     site.name)
+        verdict = verify_attention(context.index, plan, context.values, context.seed, context.numerics)
+    except Rejected as exc:
+        return exc
+    if not verdict.ok:
+        return Rejected(verdict.reason)
+    return Replacement(plan, rel_l2=verdict.worst.rel_l2 if verdict.worst else None)
 
 
 def _roles(sites: list[AttentionSite]) -> dict[int, _Role]:

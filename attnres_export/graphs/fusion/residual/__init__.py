@@ -1,0 +1,1 @@
+"""Attention layers with residual scores (RealFormer) fused into ResidualScoreAttention nodes."""
