@@ -17,13 +17,16 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from attnres_export.atomic import write_text_atomic
 from attnres_export.errors import PluginBuildError
@@ -52,6 +55,11 @@ LOG_FILE = "build.log"
 LOCK_FILE = ".lock"
 TENSORRT_DIR_PREFIX = "tensorrt-"
 """The TensorRT libraries of a kernels folder live in ``tensorrt-<tensorrt_key>/lib`` inside it."""
+
+TICK_SECONDS = 5.0
+STILL_COMPILING_SECONDS = 60.0
+"""A compile step that prints nothing for this long (one kernel file for four architectures, or any file under
+ninja, which prints a step when it ends) gets a "still compiling" line, once per such interval."""
 
 KERNELS_TARGET = "attnres_kernels"
 TENSORRT_TARGETS = ("attnres_trt", "attnres_trt_dyn")
@@ -164,17 +172,36 @@ def _quiet(_line: str) -> None:
     """The default progress callback: say nothing."""
 
 
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    """Hand every line of ``stream`` to ``lines``, then None."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def _run(command: list[str], log: Path, progress: Callable[[str], None] = _quiet,
-         env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run a build step, streaming its output into the log and each line to ``progress``; (exit code, output)."""
+         env: dict[str, str] | None = None, tick: Callable[[], None] = lambda: None) -> tuple[int, str]:
+    """Run a build step, streaming its output into the log and each line to ``progress``; (exit code, output).
+
+    ``tick`` runs every TICK_SECONDS without output, so that a long silent step can still be reported."""
     lines: list[str] = []
     with log.open("a") as handle:
         handle.write("$ " + " ".join(command) + "\n")
         handle.flush()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", env=env)
+        pending: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(proc.stdout, pending), daemon=True)
+        reader.start()
         try:
-            for line in proc.stdout or ():
+            while True:
+                try:
+                    line = pending.get(timeout=TICK_SECONDS)
+                except queue.Empty:
+                    tick()
+                    continue
+                if line is None:
+                    break
                 handle.write(line)
                 lines.append(line)
                 progress(line)
@@ -183,6 +210,8 @@ def _run(command: list[str], log: Path, progress: Callable[[str], None] = _quiet
             proc.kill()
             proc.wait()
             raise
+        finally:
+            reader.join(timeout=TICK_SECONDS)
     return code, "".join(lines)
 
 
@@ -299,17 +328,25 @@ class _Tree:
     def compile(self, targets: Sequence[str]) -> None:
         """``cmake --build`` of ``targets``; nvcc runs with ``-v`` so that each architecture is a progress line."""
         progress = BuildProgress(self.archs)
+        said = [time.monotonic()]
 
         def report(line: str) -> None:
             text = progress.feed(line)
             if text is not None:
                 self.status(text)
+                said[0] = time.monotonic()
+
+        def still_compiling() -> None:
+            quiet = time.monotonic() - said[0]
+            if quiet >= STILL_COMPILING_SECONDS:
+                self.status(f"still compiling ({quiet:.0f} s since the last step)")
+                said[0] = time.monotonic()
 
         env = dict(os.environ)
         env["NVCC_APPEND_FLAGS"] = f"{env.get('NVCC_APPEND_FLAGS', '')} {NVCC_VERBOSE}".strip()
         command = [self.cmake, "--build", str(self.build_dir), "--parallel", str(max(1, self.jobs)), "--target",
                    *targets]
-        code, _ = _run(command, self.log, progress=report, env=env)
+        code, _ = _run(command, self.log, progress=report, env=env, tick=still_compiling)
         if code != 0:
             raise _failed("plugin build", code, "fix the compiler error shown in the log", self.log)
 

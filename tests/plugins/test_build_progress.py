@@ -1,8 +1,12 @@
 """Progress lines from the build's output: make's and ninja's steps, and nvcc's one device compile per
-architecture (lines as CMake 3.25, make 4.3, ninja 1.11 and nvcc 13.0 -v print them)."""
+architecture (lines as CMake 3.25, make 4.3, ninja 1.11 and nvcc 13.0 -v print them), streamed as they come."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+from attnres_export.plugins import build
 from attnres_export.plugins.build_progress import BuildProgress, arch_count
 
 CICC = ('#$ "$CICC_PATH/cicc" --c++17 --static-host-stub --orig_src_file_name "/src/attnResAggregatePlugin/'
@@ -42,3 +46,21 @@ def test_other_output_says_nothing() -> None:
     for line in ("[ 57%] Built target attnres_kernel_objects\n", "#$ ptxas -arch=sm_90 -m64 x.ptx -o x.cubin\n",
                  "#$ _NVVM_BRANCH_=nvvm\n", "-- Configuring done\n", "\n"):
         assert progress.feed(line) is None
+
+
+def test_build_output_streams_line_by_line_and_silence_ticks(tmp_path: Path, monkeypatch) -> None:
+    """A line reaches the progress callback while the step still runs, the log gets everything, and a silent
+    stretch calls ``tick`` (which the build turns into "still compiling" lines)."""
+    monkeypatch.setattr(build, "TICK_SECONDS", 0.05)
+    started = time.monotonic()
+    arrived: list[tuple[str, float]] = []
+    ticks: list[float] = []
+    log = tmp_path / "build.log"
+    code, output = build._run(["sh", "-c", "echo first; sleep 1; echo second; exit 3"], log,
+                              progress=lambda line: arrived.append((line, time.monotonic() - started)),
+                              tick=lambda: ticks.append(time.monotonic() - started))
+    assert code == 3 and output == "first\nsecond\n"
+    assert [line for line, _ in arrived] == ["first\n", "second\n"]
+    assert arrived[0][1] < 0.8 <= arrived[1][1], "the first line came before the step ended"
+    assert any(0.1 < t < 1.0 for t in ticks), "silence between the lines ticked"
+    assert log.read_text().endswith("first\nsecond\n")
