@@ -302,13 +302,16 @@ class _Tree:
         return self.folder / LOG_FILE
 
     def reset(self) -> None:
-        """Start this folder over for a new key (``--out`` reused): CMake must search again (found paths are
-        cached in CMakeCache.txt), and TensorRT libraries built from the old kernels go."""
+        """Start this folder over for a new key (``--out`` reused, or a folder of an older layout): CMake must
+        search again (found paths are cached in CMakeCache.txt), and TensorRT libraries built from the old kernels
+        go."""
         self.build_dir.mkdir(parents=True, exist_ok=True)
         (self.build_dir / "CMakeCache.txt").unlink(missing_ok=True)
         (self.folder / INFO_FILE).unlink(missing_ok=True)
         for stale in self.folder.glob(f"{TENSORRT_DIR_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
+        for stale_library in (TRT_LIB, TRT_DYN_LIB):  # lib/ of a folder built before the tensorrt-<key> layout
+            (self.lib_dir / stale_library).unlink(missing_ok=True)
         self.log.write_text("")
 
     def configure(self, trt: TensorrtInputs | None) -> tuple[int, str]:

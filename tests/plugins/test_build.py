@@ -197,3 +197,16 @@ def test_cached_build_is_reused(kernels_build: build.BuildResult) -> None:
     )
     assert again.cached
     assert again.kernels == kernels_build.kernels
+
+
+def test_a_folder_reused_for_another_key_forgets_what_cmake_found_and_the_old_tensorrt_libraries(
+        tmp_path: Path) -> None:
+    """--out reused with other archs (or a folder of the older flat layout): the next build starts over."""
+    for stale in ("build/CMakeCache.txt", build.INFO_FILE, "tensorrt-old/lib/libattnres_trt.so",
+                  f"lib/{build.TRT_LIB}", f"lib/{build.TRT_DYN_LIB}", build.LOG_FILE):
+        (tmp_path / stale).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / stale).write_text("old")
+    tree = build._Tree(tmp_path, "new-key", "cmake", "nvcc", "", "90", 1, lambda _line: None)
+    tree.reset()
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [build.LOG_FILE]
+    assert (tmp_path / build.LOG_FILE).read_text() == "" and (tmp_path / "build").is_dir()
