@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from attnres_export.cli.framework import command, console, plugin_app
+from attnres_export.cli.framework import command, console, err_console, fail, plugin_app
 from attnres_export.errors import PluginBuildError
 
 USAGE = {
@@ -28,27 +30,40 @@ def build(
         help='CUDA architectures, e.g. "80;90", or "edge" (Jetson Orin 87 + Thor 110) '
              "[80-real;86-real;89-real;90 = A100/A10/L4/H100 SASS plus PTX of 90]; "
              "below 80 (T4, Xavier) is unsupported.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Output folder [the per-hash cache].")] = None,
-    kernels_only: Annotated[bool, typer.Option(help="Build only libattnres_kernels.so.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Output folder: lib/ holds the kernels library, tensorrt-<key>/lib/ the TensorRT libraries "
+             "[the cache folder of these sources, architectures and nvcc].")] = None,
+    kernels_only: Annotated[bool, typer.Option(
+        help="Build only libattnres_kernels.so (the TensorRT libraries reuse the same kernels build).")] = False,
 ) -> None:
-    """Compile the libraries (cached: an unchanged build returns at once)."""
+    """Compile the libraries (cached: an unchanged build returns at once); exits 1 when the TensorRT libraries were
+    asked for (the default) and not built."""
     from attnres_export.cli.render import table_of
     from attnres_export.plugins.build import build_plugins
 
-    result = build_plugins(out_dir=out, tensorrt_root=tensorrt_root, cuda_archs=cuda_arch, kernels_only=kernels_only,
-                           tensorrt_lib=tensorrt_lib)
-    rows = [(name, str(path), USAGE[name]) for name, path in result.libraries().items()]
-    console.print(table_of("attnres plugin libraries", ("library", "path", "load with"), rows))
-    if kernels_only:
-        headers = "TensorRT: skipped (--kernels-only)"
-    elif result.tensorrt_include is None:
-        headers = "TensorRT: no include dir with NvInfer.h found; TensorRT libraries skipped (pass --tensorrt-root)"
-    else:
-        headers = (f"TensorRT include dir: {result.tensorrt_include} "
-                   f"(headers {result.tensorrt_version or 'unknown version'}), linked {result.nvinfer}")
-    console.print(headers, highlight=False)
-    console.print(f"CUDA archs: {result.cuda_archs}, {result.nvcc_version or 'nvcc'}"
-                  f"{' (cached)' if result.cached else ''}", highlight=False)
+    started = time.monotonic()
+    with err_console.status("attnres plugin build") as spinner:
+
+        def progress(line: str) -> None:
+            elapsed = int(time.monotonic() - started)
+            text = f"{elapsed // 60}:{elapsed % 60:02d} {line}"
+            err_console.print(escape(text))
+            spinner.update(escape(line))
+
+        result = build_plugins(out_dir=out, tensorrt_root=tensorrt_root, cuda_archs=cuda_arch,
+                               kernels_only=kernels_only, tensorrt_lib=tensorrt_lib, status=progress)
+    rows = [(o.file, o.state, escape(str(o.path) if o.path else o.why), USAGE[o.name] if o.path else "")
+            for o in result.outcomes]
+    console.print(table_of("attnres plugin build", ("library", "result", "path, or why not", "load with"), rows))
+    if result.trt is not None:
+        console.print(f"TensorRT include dir: {result.tensorrt_include} "
+                      f"(headers {result.tensorrt_version or 'unknown version'}), linked {result.nvinfer}",
+                      highlight=False, soft_wrap=True)
+    console.print(f"CUDA archs: {result.cuda_archs}, {result.nvcc_version or 'nvcc'}; "
+                  f"{time.monotonic() - started:.0f}s{' (cached)' if result.cached and not result.not_built else ''}",
+                  highlight=False)
+    if result.not_built is not None:
+        fail(result.not_built)
 
 
 @command(plugin_app, name="path")

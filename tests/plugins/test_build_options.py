@@ -13,63 +13,55 @@ from typer.testing import CliRunner
 
 from attnres_export.cli.framework import plugin_app
 from attnres_export.errors import PluginBuildError
-from attnres_export.plugins import build
+from attnres_export.plugins import build, toolchain
 
-NVCC = shutil.which("nvcc") or next((p for p in build.NVCC_FALLBACKS if Path(p).is_file()), None)
+NVCC = shutil.which("nvcc") or next((p for p in toolchain.NVCC_FALLBACKS if Path(p).is_file()), None)
 needs_toolchain = pytest.mark.skipif(NVCC is None or shutil.which("cmake") is None, reason="nvcc and cmake needed")
 
 
 @pytest.mark.parametrize("arch", ["75", "72", "70-real", "61"])
 def test_archs_below_80_are_refused_in_one_line_naming_t4_and_xavier(arch: str) -> None:
     with pytest.raises(PluginBuildError, match=r"need sm_80 or newer \(cp\.async\); T4 \(75\), Xavier \(72\)") as e:
-        build.normalize_archs(f"80;{arch}")
+        toolchain.normalize_archs(f"80;{arch}")
     assert len(str(e.value).splitlines()) == 1
 
 
 def test_edge_preset_is_orin_and_thor_under_this_nvcc_number() -> None:
-    assert build.normalize_archs("edge") == "87-real;110"
-    assert build.normalize_archs("edge", {80, 87, 90, 100, 110, 120}) == "87-real;110"
-    assert build.normalize_archs("edge", {80, 87, 90, 100, 101}) == "87-real;101"  # CUDA 12.8-12.9
-    assert build.normalize_archs("edge", {80, 86, 87, 89, 90}) == "87-real"  # older nvcc: no Thor
-    assert build.normalize_archs("EDGE;90") == "87-real;110;90"
-    assert build.normalize_archs("default;edge") == build.DEFAULT_CUDA_ARCHS + ";87-real;110"
+    assert toolchain.normalize_archs("edge") == "87-real;110"
+    assert toolchain.normalize_archs("edge", {80, 87, 90, 100, 110, 120}) == "87-real;110"
+    assert toolchain.normalize_archs("edge", {80, 87, 90, 100, 101}) == "87-real;101"  # CUDA 12.8-12.9
+    assert toolchain.normalize_archs("edge", {80, 86, 87, 89, 90}) == "87-real"  # older nvcc: no Thor
+    assert toolchain.normalize_archs("EDGE;90") == "87-real;110;90"
+    assert toolchain.normalize_archs("default;edge") == toolchain.DEFAULT_CUDA_ARCHS + ";87-real;110"
 
 
 def test_default_archs_say_what_they_are() -> None:
-    assert build.DEFAULT_CUDA_ARCHS == "80-real;86-real;89-real;90"
+    assert toolchain.DEFAULT_CUDA_ARCHS == "80-real;86-real;89-real;90"
     assert "80-real;86-real;89-real;90 = A100/A10/L4/H100 SASS plus PTX of 90" in (build.build_plugins.__doc__ or "")
-    assert build.normalize_archs("default") == build.DEFAULT_CUDA_ARCHS
+    assert toolchain.normalize_archs("default") == toolchain.DEFAULT_CUDA_ARCHS
 
 
 def test_an_arch_this_nvcc_does_not_know_is_refused() -> None:
     with pytest.raises(PluginBuildError, match=r"this nvcc does not support compute_121 \(`nvcc --list-gpu-arch`: "
                                                r"80;90\)"):
-        build.normalize_archs("80;121a", {80, 90})
-    assert build.normalize_archs("90a;80", {80, 90}) == "90a;80"
+        toolchain.normalize_archs("80;121a", {80, 90})
+    assert toolchain.normalize_archs("90a;80", {80, 90}) == "90a;80"
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_reports_its_version_and_archs() -> None:
     assert NVCC is not None
-    text = build.nvcc_version(NVCC)
-    assert build.nvcc_release(text) is not None and "release" in (build.nvcc_release(text) or "")
-    archs = build.nvcc_gpu_archs(NVCC)
+    text = toolchain.nvcc_version(NVCC)
+    assert toolchain.nvcc_release(text) is not None and "release" in (toolchain.nvcc_release(text) or "")
+    archs = toolchain.nvcc_gpu_archs(NVCC)
     assert archs is None or 80 in archs
 
 
-def test_hash_keys_on_header_and_nvcc_versions_not_only_paths() -> None:
-    base = build.build_hash("/trt", "80", False, "/usr/bin/nvcc", tensorrt_header="#define TRT_MAJOR_ENTERPRISE 10",
-                            nvcc_version="release 12.8")
-    same = build.build_hash("/trt", "80", False, "/usr/bin/nvcc", tensorrt_header="#define TRT_MAJOR_ENTERPRISE 10",
-                            nvcc_version="release 12.8")
-    assert base == same
-    assert base != build.build_hash("/trt", "80", False, "/usr/bin/nvcc",
-                                    tensorrt_header="#define TRT_MAJOR_ENTERPRISE 11", nvcc_version="release 12.8")
-    assert base != build.build_hash("/trt", "80", False, "/usr/bin/nvcc",
-                                    tensorrt_header="#define TRT_MAJOR_ENTERPRISE 10", nvcc_version="release 13.0")
-    assert base != build.build_hash("/trt", "80", False, "/usr/bin/nvcc",
-                                    tensorrt_header="#define TRT_MAJOR_ENTERPRISE 10", nvcc_version="release 12.8",
-                                    tensorrt_lib="/site-packages/tensorrt_libs")
+def test_kernels_key_keys_on_the_nvcc_version_not_only_its_path() -> None:
+    """A CUDA upgrade in place (same nvcc path, other ``nvcc --version``) is another kernels build."""
+    base = build.kernels_key("80", "/usr/bin/nvcc", nvcc_version="release 12.8")
+    assert base == build.kernels_key("80", "/usr/bin/nvcc", nvcc_version="release 12.8")
+    assert base != build.kernels_key("80", "/usr/bin/nvcc", nvcc_version="release 13.0")
 
 
 def test_pip_tensorrt_lib_folders_are_found_without_importing_them(tmp_path: Path, monkeypatch) -> None:
@@ -80,17 +72,17 @@ def test_pip_tensorrt_lib_folders_are_found_without_importing_them(tmp_path: Pat
         (package / "libnvinfer.so.10").write_bytes(b"")
     (tmp_path / "tensorrt_bindings").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
-    found = build.pip_tensorrt_lib_dirs()
+    found = toolchain.pip_tensorrt_lib_dirs()
     assert found == [str(tmp_path / "tensorrt_cu13_libs"), str(tmp_path / "tensorrt_libs")]
     assert "tensorrt_libs" not in sys.modules and "tensorrt_cu13_libs" not in sys.modules
 
 
 def test_nvinfer_in_accepts_the_pip_versioned_name(tmp_path: Path) -> None:
-    assert build.nvinfer_in(tmp_path, 10) is None
+    assert toolchain.nvinfer_in(tmp_path, 10) is None
     (tmp_path / "libnvinfer.so.10").write_bytes(b"")
-    assert build.nvinfer_in(tmp_path, 10) == tmp_path / "libnvinfer.so.10"
-    assert build.nvinfer_in(tmp_path, 11) is None
-    assert build.nvinfer_in(tmp_path, None) == tmp_path / "libnvinfer.so.10"
+    assert toolchain.nvinfer_in(tmp_path, 10) == tmp_path / "libnvinfer.so.10"
+    assert toolchain.nvinfer_in(tmp_path, 11) is None
+    assert toolchain.nvinfer_in(tmp_path, None) == tmp_path / "libnvinfer.so.10"
 
 
 def _fake_tensorrt_root(tmp_path: Path, major: int = 99) -> Path:
@@ -120,19 +112,63 @@ def test_tensorrt_root_without_headers_is_refused(tmp_path: Path) -> None:
         build.build_plugins(out_dir=tmp_path / "out", tensorrt_root=tmp_path)
 
 
+def _outcomes(result: build.BuildResult) -> list[tuple[str, str, str]]:
+    return [(o.name, o.state, o.why) for o in result.outcomes]
+
+
+def _error_line(output: str) -> str:
+    return [line for line in output.splitlines() if line.strip()][-1]
+
+
 @needs_toolchain
 @pytest.mark.skipif(ctypes.util.find_library("nvinfer") is not None, reason="a system libnvinfer is installed")
 @pytest.mark.slow
-def test_missing_libnvinfer_is_one_line_naming_tensorrt_lib_and_tensorrt_root(tmp_path: Path, monkeypatch) -> None:
-    """CMake finds headers but no libnvinfer: a hard error for the TensorRT libraries (configure only, ~10 s)."""
-    monkeypatch.setattr(build, "pip_tensorrt_lib_dirs", list)
+def test_missing_libnvinfer_skips_the_tensorrt_libraries_in_one_line_naming_the_fix(
+        kernels_80: build.BuildResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CMake finds headers but no libnvinfer: the kernels (already built: reused, not compiled again) stay, the
+    TensorRT libraries are skipped, the reason is one line naming --tensorrt-lib, TENSORRT_ROOT and
+    --kernels-only, said through ``status`` before any compile, and the command exits 1 with it."""
+    monkeypatch.setattr(toolchain, "pip_tensorrt_lib_dirs", list)
     root = _fake_tensorrt_root(tmp_path)
-    with pytest.raises(PluginBuildError) as caught:
-        build.build_plugins(out_dir=tmp_path / "out", tensorrt_root=root, cuda_archs="80-real")
-    message = str(caught.value)
+    lines: list[str] = []
+    result = build.build_plugins(out_dir=kernels_80.out_dir, tensorrt_root=root, cuda_archs="80-real",
+                                 status=lines.append)
+    message = result.not_built or ""
     assert len(message.splitlines()) == 1
     assert message.startswith("libnvinfer (TensorRT 99) not found for the TensorRT libraries: pass --tensorrt-lib DIR")
     assert "TENSORRT_ROOT to a TensorRT folder with lib/" in message and "--kernels-only" in message
+    assert result.trt is None and result.kernels == kernels_80.kernels
+    assert _outcomes(result) == [("kernels", "cached", ""), ("trt", "skipped", "libnvinfer not found"),
+                                 ("trt_dyn", "skipped", "libnvinfer not found")]
+    assert "TensorRT libraries will not be built (libnvinfer not found); building the kernels only" in lines
+    cli = CliRunner().invoke(plugin_app, ["build", "--tensorrt-root", str(root), "--cuda-arch", "80-real",
+                                          "--out", str(kernels_80.out_dir)])
+    assert cli.exit_code == 1
+    assert _error_line(cli.output).startswith("error: libnvinfer (TensorRT 99) not found")
+
+
+@needs_toolchain
+@pytest.mark.slow
+def test_without_tensorrt_headers_the_kernels_are_kept_and_the_command_exits_1_naming_the_fix(
+        kernels_80: build.BuildResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user trial: no NvInfer.h anywhere. The table says what was built and what was skipped and why, and the
+    exit code is 1 with the fix (--tensorrt-root or --kernels-only); --kernels-only itself exits 0."""
+    monkeypatch.delenv("TENSORRT_ROOT", raising=False)
+    monkeypatch.setattr(toolchain, "find_tensorrt_include", lambda root=None: None)  # hide system headers
+    result = build.build_plugins(out_dir=kernels_80.out_dir, cuda_archs="80-real")
+    assert (result.not_built or "").startswith("the TensorRT plugin libraries were not built: no NvInfer.h under "
+                                               "TENSORRT_ROOT (unset)")
+    assert "pass --tensorrt-root DIR" in (result.not_built or "") and "--kernels-only" in (result.not_built or "")
+    why = "no TensorRT headers (NvInfer.h) found"
+    assert _outcomes(result) == [("kernels", "cached", ""), ("trt", "skipped", why), ("trt_dyn", "skipped", why)]
+    args = ["build", "--cuda-arch", "80-real", "--out", str(kernels_80.out_dir)]
+    cli = CliRunner().invoke(plugin_app, args)
+    assert cli.exit_code == 1
+    assert "no TensorRT headers (NvInfer.h) found" in cli.output and str(kernels_80.kernels) in cli.output
+    assert _error_line(cli.output).startswith("error: the TensorRT plugin libraries were not built")
+    kernels_only = CliRunner().invoke(plugin_app, [*args, "--kernels-only"])
+    assert kernels_only.exit_code == 0, kernels_only.output
+    assert "(cached)" in kernels_only.output and "error" not in kernels_only.output
 
 
 def test_cli_build_has_tensorrt_lib_and_explains_the_default_archs() -> None:

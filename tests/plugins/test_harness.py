@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from attnres_export.plugins import build
+from attnres_export.plugins import build, toolchain
 
 HARNESS_DIR = Path(__file__).resolve().parent / "harness"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TENSORRT_ROOT = os.environ.get("TENSORRT_ROOT")
 HAVE_HEADERS = bool(TENSORRT_ROOT) and (Path(TENSORRT_ROOT) / "include" / "NvInfer.h").is_file()
-NVCC = shutil.which("nvcc") or next((p for p in build.NVCC_FALLBACKS if Path(p).is_file()), None)
+NVCC = shutil.which("nvcc") or next((p for p in toolchain.NVCC_FALLBACKS if Path(p).is_file()), None)
 
 pytestmark = [
     pytest.mark.slow,
@@ -61,13 +61,13 @@ class Built:
 
 
 def _headers_version() -> str:
-    version = build.tensorrt_version(Path(TENSORRT_ROOT or ".") / "include")
+    version = toolchain.tensorrt_version(Path(TENSORRT_ROOT or ".") / "include")
     assert version is not None, f"no version in {TENSORRT_ROOT}/include/NvInferVersion.h"
     return version
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+def built(tmp_path_factory: pytest.TempPathFactory, kernels_80: build.BuildResult) -> Built:
     if NVCC is None or shutil.which("cmake") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("nvcc, cmake and a C++ compiler are needed to build the plugins and the harness")
     root = tmp_path_factory.mktemp("harness")
@@ -82,16 +82,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     ):
         proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
         assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout}\n{proc.stderr}"
-    major = build.major_of(_headers_version())
+    major = toolchain.major_of(_headers_version())
     assert major is not None
     standin = harness_build / "standin"
     assert (standin / f"libnvinfer.so.{major}").is_file()
     assert not (standin / "libnvinfer.so").exists(), "the stand-in must have only the versioned name, like pip"
     libs = build.build_plugins(
-        out_dir=root / "plugins", tensorrt_root=TENSORRT_ROOT, tensorrt_lib=standin, cuda_archs="80-real"
+        out_dir=kernels_80.out_dir, tensorrt_root=TENSORRT_ROOT, tensorrt_lib=standin, cuda_archs="80-real"
     )
     seconds = time.perf_counter() - started
-    print(f"\nTensorRT headers {libs.tensorrt_version}: harness and plugins built in {seconds:.0f}s")
+    print(f"\nTensorRT headers {libs.tensorrt_version}: harness and plugins built in {seconds:.0f}s (kernels reused)")
     return Built(harness_build / "plugin_harness", standin, libs, major, seconds)
 
 
@@ -151,6 +151,31 @@ def _assert_aggregate_norm_checked(lines: list[str]) -> None:
         assert _count(lines, f"AttnResAggregateNorm: createPlugin refuses {refusal}") == 1
     for bad in ("norm_weight not [D]", "no source", "h listed without has_aggregate"):
         assert _count(lines, f"AttnResAggregateNorm [{bad}]: configurePlugin refuses it") == 1
+
+
+def test_tensorrt_libraries_reuse_the_kernels_build(built: Built, kernels_80: build.BuildResult) -> None:
+    """One kernels build for both modes: the TensorRT build found the kernels-only build's library (same key,
+    same folder, not compiled again) and put its libraries in a tensorrt-<key> folder beside it."""
+    states = {o.name: o.state for o in built.libs.outcomes}
+    assert states == {"kernels": build.CACHED, "trt": build.BUILT, "trt_dyn": build.BUILT}
+    assert built.libs.kernels == kernels_80.kernels
+    for library in (built.libs.trt, built.libs.trt_dyn):
+        assert library is not None and library.parent.parent.parent == kernels_80.out_dir
+        assert library.parent.parent.name.startswith(build.TENSORRT_DIR_PREFIX)
+    assert not (kernels_80.out_dir / "lib" / build.TRT_LIB).exists(), "moved out of the shared lib/"
+    assert build.recorded_tensorrt_version(built.libs.trt) == _headers_version()
+
+
+def test_a_second_build_in_either_mode_compiles_nothing(built: Built, kernels_80: build.BuildResult) -> None:
+    lines: list[str] = []
+    again = build.build_plugins(out_dir=kernels_80.out_dir, tensorrt_root=TENSORRT_ROOT, tensorrt_lib=built.standin,
+                                cuda_archs="80-real", status=lines.append)
+    assert again.cached and again.trt == built.libs.trt and again.not_built is None
+    assert {o.state for o in again.outcomes} == {build.CACHED}
+    kernels_only = build.build_plugins(out_dir=kernels_80.out_dir, cuda_archs="80-real", kernels_only=True,
+                                       status=lines.append)
+    assert kernels_only.cached and kernels_only.kernels == kernels_80.kernels
+    assert not any("compiling" in line or "configuring" in line for line in lines), lines
 
 
 def test_static_library_through_the_harness(built: Built) -> None:

@@ -177,3 +177,33 @@ def test_recorded_version_only_for_a_library_of_that_build(tmp_path: Path) -> No
     stray = _library(lib, "libother.so")
     assert build.recorded_tensorrt_version(stray) is None
     assert build.recorded_tensorrt_version(tmp_path / "nowhere.so") is None
+
+
+def _fake_shared_build(cache: Path, version: str, age: int) -> Path:
+    """A kernels folder with one tensorrt-<key> folder inside, as build_plugins leaves a full build."""
+    kernels = _fake_build(cache, "kernels-key", None, age=age + 5)
+    folder = cache / "kernels-key" / f"{build.TENSORRT_DIR_PREFIX}trt-key"
+    lib = folder / "lib"
+    libs = {"kernels": kernels / build.KERNELS_LIB, "trt": _library(lib, build.TRT_LIB),
+            "trt_dyn": _library(lib, build.TRT_DYN_LIB)}
+    info = {"hash": "trt-key", "libraries": {k: str(v) for k, v in libs.items()}, "tensorrt_version": version,
+            "tensorrt_include": "/x/include", "cuda_archs": "80-real"}
+    (folder / build.INFO_FILE).write_text(json.dumps(info))
+    stamp = 1_700_000_000 - age
+    os.utime(folder / build.INFO_FILE, (stamp, stamp))
+    return lib
+
+
+def test_resolve_finds_tensorrt_libraries_inside_the_kernels_folder(tmp_path: Path, monkeypatch) -> None:
+    """The TensorRT libraries of a full build live in kernels-folder/tensorrt-<key>/lib: found there, their version
+    read from the build-info.json beside them, and the kernels-only record of the same folder does not hide them."""
+    monkeypatch.setenv("ATTNRES_PLUGIN_CACHE", str(tmp_path))
+    lib = _fake_shared_build(tmp_path, "11.1.0", age=10)
+    assert plugin_library.resolve(None) == lib / build.TRT_LIB
+    assert plugin_library.resolve(None, dynamic=True) == lib / build.TRT_DYN_LIB
+    assert build.recorded_tensorrt_version(lib / build.TRT_LIB) == "11.1.0"
+    found = build.find_libraries()
+    assert found is not None and found.kernels == tmp_path / "kernels-key" / "lib" / build.KERNELS_LIB
+    _import_tensorrt(monkeypatch, "10.3.0")
+    with pytest.raises(EngineError, match=r"TensorRT 11\.1\.0 headers but this process runs TensorRT 10\.3\.0"):
+        plugin_library.resolve(None)

@@ -14,13 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 from attnres_export.errors import EngineError
-from attnres_export.plugins.build import (
-    TRT_DYN_LIB,
-    TRT_LIB,
-    find_libraries,
-    major_of,
-    recorded_tensorrt_version,
-)
+from attnres_export.plugins.build import TRT_DYN_LIB, TRT_LIB, find_libraries, recorded_tensorrt_version
+from attnres_export.plugins.toolchain import major_of
 
 BUILD_HINT = "run `attnres plugin build --tensorrt-root DIR` or pass --plugin PATH"
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from rich.table import Table
 
 from attnres_export.ops import residual_score_attention_reference
-from attnres_export.plugins.selftest_common import DTYPES, passes
+from attnres_export.plugins.selftest.common import DTYPES, TimedOpSelftest, gpu_times_us, passes
+from attnres_export.plugins.selftest.table import TextTable, table
 
 MASK_KINDS = ("none", "keys", "rows", "full")
 """mask_bias absent; [B,1,1,Tk] key padding (-10000); [B,1,Tq,Tk] random; [B,H,Tq,Tk] random."""
@@ -286,13 +285,7 @@ def check_rejects_bad_arguments(kernel: AttentionKernel) -> dict:
     return {"check": "rsa argument validation", "codes": codes, "good": good, "ok": codes == [1] * 4 and good == 0}
 
 
-def time_case(
-    kernel: AttentionKernel,
-    case: AttentionCase,
-    generator: torch.Generator,
-    quick: bool,
-    gpu_times_us: Callable[[Callable[[int], None], int, int], float],
-) -> dict:
+def time_case(kernel: AttentionKernel, case: AttentionCase, generator: torch.Generator, quick: bool) -> dict:
     """Kernel, the eager float32 reference on the same inputs, and torch SDPA (context: no scores)."""
     x = make_inputs(case, generator)
     dtype = DTYPES[case.dtype][0]
@@ -334,52 +327,48 @@ def time_case(
     }
 
 
-def perf_table(rows: list[dict], gpu: str) -> Table:
-    """Timings of ``rows``; the title names ``gpu`` (``selftest_common.gpu_label``)."""
-    table = Table(title="ResidualScoreAttention kernel vs PyTorch eager reference (and SDPA, no scores, context) "
-                        f"on {gpu}")
-    for col in ("B", "H", "T", "dh", "dtype", "kernel ms", "TFLOP/s", "eager ms", "vs eager", "SDPA ms"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r["b"]),
-            str(r["h"]),
-            str(r["tq"]),
-            str(r["dh"]),
-            r["dtype"],
-            f"{r['kernel_us'] / 1e3:.2f}",
-            f"{r['kernel_tflops']:.1f}",
-            f"{r['eager_us'] / 1e3:.2f}",
-            f"{r['speedup_vs_eager']:.1f}x",
-            f"{r['sdpa_us'] / 1e3:.2f}",
-        )
-    return table
+OP = "ResidualScoreAttention"
 
 
-def run_checks(library: Path, cases: list[AttentionCase], generator: torch.Generator) -> list[dict]:
-    """Argument validation, then every correctness case; a CUDA error fails its case, not the run."""
-    kernel = AttentionKernel(library)
-    results = [check_rejects_bad_arguments(kernel)]
-    for case in cases:
-        try:
-            results.append(check_case(kernel, case, generator))
-        except RuntimeError as exc:
-            results.append({**asdict(case), "error": str(exc), "ok": False})
-        torch.cuda.empty_cache()
-    return results
+class ResidualScoreAttentionSelftest(TimedOpSelftest):
+    op = OP
+    name = "rsa"
+    timings_key = "rsa_performance"
+
+    def correctness_cases(self, quick: bool) -> list[AttentionCase]:
+        return correctness_cases(quick)
+
+    def performance_cases(self, quick: bool) -> list[AttentionCase]:
+        return performance_cases(quick)
+
+    def run_checks(self, library: Path, cases: list[AttentionCase], generator: torch.Generator) -> list[dict]:
+        """Argument validation, then every correctness case."""
+        kernel = AttentionKernel(library)
+        results = [check_rejects_bad_arguments(kernel)]
+        for case in cases:
+            try:
+                results.append(check_case(kernel, case, generator))
+            except RuntimeError as exc:
+                results.append({**asdict(case), "error": str(exc), "ok": False})
+            torch.cuda.empty_cache()
+        return [{"op": OP, **r} for r in results]
+
+    def run_timings(self, library: Path, cases: list[AttentionCase], generator: torch.Generator,
+                    quick: bool) -> list[dict]:
+        kernel = AttentionKernel(library)
+        timings = []
+        for case in cases:
+            timings.append(time_case(kernel, case, generator, quick))
+            torch.cuda.empty_cache()
+        return timings
+
+    def perf_table(self, rows: list[dict], gpu: str) -> TextTable:
+        columns = ("B", "H", "T", "dh", "dtype", "kernel ms", "TFLOP/s", "eager ms", "vs eager", "SDPA ms")
+        cells = [(str(r["b"]), str(r["h"]), str(r["tq"]), str(r["dh"]), r["dtype"], f"{r['kernel_us'] / 1e3:.2f}",
+                  f"{r['kernel_tflops']:.1f}", f"{r['eager_us'] / 1e3:.2f}", f"{r['speedup_vs_eager']:.1f}x",
+                  f"{r['sdpa_us'] / 1e3:.2f}") for r in rows]
+        return table("ResidualScoreAttention kernel vs PyTorch eager reference (and SDPA, no scores, context) "
+                     f"on {gpu}", columns, cells, right=columns)
 
 
-def run_timings(
-    library: Path,
-    cases: list[AttentionCase],
-    generator: torch.Generator,
-    quick: bool,
-    gpu_times_us: Callable[[Callable[[int], None], int, int], float],
-) -> list[dict]:
-    """Every timing case, freeing the large tensors between them."""
-    kernel = AttentionKernel(library)
-    timings = []
-    for case in cases:
-        timings.append(time_case(kernel, case, generator, quick, gpu_times_us))
-        torch.cuda.empty_cache()
-    return timings
+SELFTEST = ResidualScoreAttentionSelftest()

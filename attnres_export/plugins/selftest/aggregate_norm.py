@@ -22,7 +22,14 @@ from pathlib import Path
 import torch
 
 from attnres_export.ops.aggregate_norm import attnres_aggregate_norm_reference, rms_norm_reference
-from attnres_export.plugins.selftest_common import DTYPES, error_metrics, passes, pointer_table, random_sources
+from attnres_export.plugins.selftest.common import (
+    DTYPES,
+    OpSelftest,
+    error_metrics,
+    passes,
+    pointer_table,
+    random_sources,
+)
 
 OP = "AttnResAggregateNorm"
 EPS = 1e-6
@@ -196,14 +203,24 @@ def check_rejects_bad_arguments(kernel: NormKernel) -> dict:
     return {"op": OP, "check": "aggregate_norm argument validation", "codes": codes, "good": good, "ok": ok}
 
 
-def run_checks(library: Path, cases: list[NormCase], generator: torch.Generator) -> list[dict]:
-    """Gold and argument checks, then every case; a CUDA error fails its case, not the run."""
-    kernel = NormKernel(library)
-    results = [check_gold(kernel), check_rejects_bad_arguments(kernel)]
-    for case in cases:
-        try:
-            results.append(check_case(kernel, case, generator))
-        except RuntimeError as exc:
-            results.append({"op": OP, **asdict(case), "error": str(exc), "ok": False})
-        torch.cuda.empty_cache()
-    return results
+class AggregateNormSelftest(OpSelftest):
+    op = OP
+    name = "aggregate_norm"
+
+    def correctness_cases(self, quick: bool) -> list[NormCase]:
+        return correctness_cases(quick)
+
+    def run_checks(self, library: Path, cases: list[NormCase], generator: torch.Generator) -> list[dict]:
+        """Gold and argument checks, then every case."""
+        kernel = NormKernel(library)
+        results = [check_gold(kernel), check_rejects_bad_arguments(kernel)]
+        for case in cases:
+            try:
+                results.append(check_case(kernel, case, generator))
+            except RuntimeError as exc:
+                results.append({"op": OP, **asdict(case), "error": str(exc), "ok": False})
+            torch.cuda.empty_cache()
+        return results
+
+
+SELFTEST = AggregateNormSelftest()
