@@ -1,5 +1,5 @@
 """Decoder LM bodies people deploy (Llama, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3) with transformers' semantics,
-with standard residuals or Kimi K3's Attention Residuals (docs/models.md#decoder-lm)."""
+with standard residuals or Kimi K3's Attention Residuals (docs/models.md#decoderlm)."""
 
 from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.folder import from_hf_folder

@@ -1,4 +1,4 @@
-"""``DecoderConfig``: the hyper-parameters of a decoder LM body (docs/models.md#decoder-lm), in plain values.
+"""``DecoderConfig``: the hyper-parameters of a decoder LM body (docs/models.md#decoderlm), in plain values.
 
 The config is built from a Hugging Face ``config.json`` by ``hf_config.parse_hf_config`` (which reads
 transformers' spellings and defaults) or from our own plain-values dict (``from_dict``, the checkpoint format).
@@ -80,7 +80,7 @@ class MoEKeys:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """A decoder LM body of one of ``FAMILIES`` (docs/models.md#decoder-lm)."""
+    """A decoder LM body of one of ``FAMILIES`` (docs/models.md#decoderlm)."""
 
     model_type: str
     vocab_size: int

@@ -1,6 +1,6 @@
 """``from_hf_folder``: a ``DecoderLM`` from a Hugging Face folder (``config.json`` plus safetensors), without renaming.
 
-The tensors must be exactly the model's state_dict (docs/models.md#decoder-lm): transformers' names, plus with
+The tensors must be exactly the model's state_dict (docs/models.md#decoderlm): transformers' names, plus with
 AttnRes the K3 site weights. Two things transformers also accepts are handled the same way: with
 ``tie_word_embeddings`` the folder may leave out ``lm_head.weight`` (one that is given must equal the
 embedding), and DeepSeek's multi-token-prediction layers stored after the body (``model.layers.{N}..``) are

@@ -180,7 +180,7 @@ def _refuse_unknown_keys(raw: dict, family: str, where: str) -> None:
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise CheckpointError(f"{where}: config key{'s' if len(unknown) > 1 else ''} {shown} not implemented for "
-                              f"{family} (decoder-lm computes what docs/models.md#decoder-lm lists)")
+                              f"{family} (decoder-lm computes what docs/models.md#decoderlm lists)")
 
 
 def _refuse_sliding_window(read: _Reader, family: str) -> None:

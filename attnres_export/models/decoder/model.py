@@ -1,4 +1,4 @@
-"""``DecoderLM`` (docs/models.md#decoder-lm): Llama, Qwen2, Qwen3, Qwen3-MoE and DeepSeek-V3 bodies with
+"""``DecoderLM`` (docs/models.md#decoderlm): Llama, Qwen2, Qwen3, Qwen3-MoE and DeepSeek-V3 bodies with
 transformers' semantics and module names, with standard residuals or Kimi K3's Attention Residuals.
 
 The module tree is named as transformers names the weights (``model.embed_tokens``,
@@ -73,7 +73,7 @@ class CacheStep:
 
 
 class DecoderLM(nn.Module):
-    """A decoder LM of docs/models.md#decoder-lm; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
+    """A decoder LM of docs/models.md#decoderlm; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32."""
 
     input_axes: ClassVar[dict[str, dict[int, str]]] = {"input_ids": {0: "batch", 1: "seq"}}
     output_names = ("logits",)
@@ -96,7 +96,7 @@ class DecoderLM(nn.Module):
 
     def forward_with_past(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                           past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One prefill or decode step (docs/decode.md#decoder-lm-with-past): ``input_ids``/``position_ids``
+        """One prefill or decode step (docs/decode.md#decoderlm-with-past): ``input_ids``/``position_ids``
         ``[B, T]``, ``attention_mask [B, P+T]`` (1 = token, 0 = padding) over past and new tokens, ``past`` two
         tensors per layer in ``cache_inputs()`` order (``P`` may be 0). A new token at index ``t`` attends cache
         position ``j`` when ``j <= P + t`` and ``attention_mask[j] = 1``; rotary angles follow ``position_ids``.

@@ -1,4 +1,4 @@
-"""``DecoderLMWithPast``: the KV-cache step of a ``DecoderLM`` (docs/decode.md#decoder-lm-with-past).
+"""``DecoderLMWithPast``: the KV-cache step of a ``DecoderLM`` (docs/decode.md#decoderlm-with-past).
 
 ``forward(input_ids, attention_mask, position_ids, past) -> (logits, *presents)`` with ``past`` and the presents
 in ``cache_inputs()`` order, two tensors per layer:

@@ -2,7 +2,7 @@
 per-dtype bars (relative L2 5e-3 float16, 2e-2 bfloat16), through both forms; norms, rotary, softmax and the
 AttnRes mixing stay float32 inside. The models use ``initializer_range`` 0.05 (real checkpoints: about 0.02; the
 float32 parity tests: 0.1, whose sharper attention roughly doubles the rounding error of a half model, ours and
-transformers' alike: docs/models.md#decoder-lm-numerics)."""
+transformers' alike: docs/models.md#decoderlm-numerics)."""
 
 from __future__ import annotations
 
