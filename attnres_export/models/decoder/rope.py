@@ -79,7 +79,8 @@ class RotaryEmbedding(KeepFloat32):
         self.scaling = attention_scaling(rope)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        """cos and sin in the frequencies' type: float32, float64 in a model cast to float64 (the reference)."""
+        freqs = position_ids[..., None].to(self.inv_freq.dtype) * self.inv_freq
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos() * self.scaling, angles.sin() * self.scaling
 

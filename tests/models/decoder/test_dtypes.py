@@ -67,3 +67,18 @@ def test_a_folder_stored_in_bfloat16_loads_in_its_stored_type(tmp_path):
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
     ids = torch.randint(0, ours.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(24))
     assert relative_l2(ours(ids), reference.float()(ids).logits) <= BARS[torch.bfloat16]
+
+
+@torch.inference_mode()
+def test_a_model_cast_to_float64_computes_in_float64_for_the_parity_reference(tmp_path):
+    """``.double()`` widens everything, the float32-kept rotary and AttnRes tensors included, so the exporter's
+    float64 reference measures float32's own error (docs/parity.md)."""
+    reference = hf_model("deepseek_v3", seed=25)
+    path = write_folder(reference, tmp_path / "k3", attn_res=k3_site_weights(reference, seed=25), attn_res_block_size=2)
+    single, double = from_hf_folder(path), from_hf_folder(path).double()
+    assert double.model.rotary_emb.inv_freq.dtype == double.model.output_attn_res_proj.weight.dtype == torch.float64
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(26))
+    exact = double(ids)
+    out = double.with_past()(ids, torch.ones_like(ids), torch.arange(9)[None].expand(2, 9), empty_past(double, 2))
+    assert exact.dtype == out[0].dtype == out[1].dtype == torch.float64
+    assert 0 < relative_l2(single(ids), exact) <= 1e-5
