@@ -3,9 +3,9 @@ the ``portable`` artifact (the Scan decomposition) and ONNX Runtime on the ``ten
 reference op, for a prefill of several lengths and the single-token step, in one run.
 
 Layer: Kimi-Linear-48B's KDA sizes (hidden 2304, 32 heads of 128), batch 1, float32. From the repository root:
-    python benchmarks/cpu_kda.py [--tokens 1 64 512] [--repeats 3] [--threads 2] [--heads 32] [--hidden 2304]
-        [--form scan|chunk16|chunk32|chunk64]
-``--form`` picks the portable decomposition (docs/models.md#kimi-delta-attention compares them). Figures are
+    python benchmarks/cpu_kda.py [--tokens 1 64 512] [--repeats 3] [--threads 1] [--heads 32] [--hidden 2304]
+(docs/models.md#kimi-delta-attention has the figures, and those of the chunked decomposition it was measured
+against at commit 617a03e, ``--form chunk16|chunk32|chunk64`` there.) Figures are
 medians of rounds in which the backends run in turn; CPU time (this process, all threads) is reported beside wall
 time, so that a neighbour's load shows as a gap between them.
 """
@@ -13,7 +13,6 @@ time, so that a neighbour's load shows as a gap between them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import statistics
 import time
@@ -29,8 +28,6 @@ from attnres_export.dims import DimRange
 from attnres_export.exporter.to_onnx import export_module
 from attnres_export.graphs.targets import convert
 from attnres_export.models.kimi import KdaConfig, KdaState, KimiDeltaAttention
-from attnres_export.ops import descriptors
-from attnres_export.ops.decompose_kimi_delta_chunked import decompose_kimi_delta_chunked
 
 STATE_NAMES = ("recurrent_state", "conv_state_q", "conv_state_k", "conv_state_v")
 
@@ -62,17 +59,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 512])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads of torch and ONNX Runtime alike (1 on a shared machine)")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=2304)
-    parser.add_argument("--form", default="scan", choices=["scan", "chunk16", "chunk32", "chunk64"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.form != "scan":
-        chunked = functools.partial(decompose_kimi_delta_chunked, chunk=int(args.form.removeprefix("chunk")))
-        kda = descriptors.OPS["KimiDeltaAttention"]
-        descriptors.OPS["KimiDeltaAttention"] = dataclasses.replace(kda, decompose=chunked)
 
     cfg = KdaConfig(hidden_size=args.hidden, num_heads=args.heads, head_dim=args.head_dim, conv_size=4,
                     norm_eps=1e-5, layer_types=("linear_attention",))
@@ -94,7 +87,7 @@ def main() -> None:
     start = time.perf_counter()
     portable, fused = convert(traced, "portable"), convert(traced, "tensorrt")
     converted = time.perf_counter() - start
-    print(f"layer: hidden {args.hidden}, {args.heads} heads x {args.head_dim}, {args.form}; threads {args.threads}")
+    print(f"layer: hidden {args.hidden}, {args.heads} heads x {args.head_dim}; threads {args.threads}")
     print(f"export (torch.onnx, dynamic batch/seq): {exported:.1f} s; convert to portable + tensorrt: "
           f"{converted:.2f} s; nodes: tensorrt {len(fused.graph.node)}, portable {len(portable.graph.node)}")
     runners = {"onnxruntime portable": OnnxRuntimeRunner(portable, threads=args.threads),
