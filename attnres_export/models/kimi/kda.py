@@ -117,10 +117,14 @@ class KimiDeltaAttention(nn.Module):
 
     def _convolve(self, x: torch.Tensor, conv: nn.Conv1d, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal depthwise convolution of ``x [B, T, C]`` after the cached inputs, then SiLU; returns the
-        output ``[B, T, C]`` and the last ``conv_size - 1`` inputs."""
+        output ``[B, T, C]`` and the last ``conv_size - 1`` inputs.
+
+        The convolution accumulates in float32 and rounds to T once, as PyTorch's and cuDNN's half-precision
+        convolutions do; it also keeps a bfloat16 export valid ONNX (``Conv`` takes bfloat16 only from opset 22).
+        """
         window = torch.cat([cache.to(x.dtype), x.transpose(1, 2)], dim=-1)  # [B, C, conv_size - 1 + T]
-        out = F.silu(F.conv1d(window.to(conv.weight.dtype), conv.weight, groups=window.shape[1]))
-        return out.to(x.dtype).transpose(1, 2), window[:, :, x.shape[1]:]
+        mixed = F.conv1d(at_least_float32(window), at_least_float32(conv.weight), groups=window.shape[1])
+        return F.silu(mixed.to(x.dtype)).transpose(1, 2), window[:, :, x.shape[1]:]
 
     def _log_decay(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """transformers' ``KimiLinearForgetGate``: ``-exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)`` in float32,

@@ -15,6 +15,7 @@ from transformers import DynamicCache, KimiLinearConfig
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.dims import DimRange
 from attnres_export.exporter.to_onnx import export_module
+from attnres_export.graphs.schemas import register_schemas
 from attnres_export.graphs.targets import convert
 from attnres_export.models.kimi import KdaState, KimiDeltaAttention
 from tests.models.kimi.reference import CONFIG_JSON, hidden, our_layer, rel_l2, transformers_layer
@@ -35,17 +36,28 @@ class FlatState(nn.Module):
         return out, *state
 
 
-@pytest.fixture(scope="module")
-def exported() -> tuple[nn.Module, dict[str, onnx.ModelProto]]:
-    reference = transformers_layer(seed=11)
+def export_layer(reference: nn.Module) -> dict[str, onnx.ModelProto]:
+    """Our layer holding ``reference``'s weights, traced at batch 2 x 5 tokens with dynamic batch and sequence,
+    in both targets (each passing onnx's full check)."""
+    register_schemas()
     layer = our_layer(reference)
     state = layer.initial_state(2)
-    example = {"hidden_states": hidden(2, 5), **dict(zip(STATE_NAMES, state, strict=True))}
+    example = {"hidden_states": hidden(2, 5, dtype=reference.q_proj.weight.dtype),
+               **dict(zip(STATE_NAMES, state, strict=True))}
     sizes = DimRange(1, 4, 256)
     dynamic = {name: {0: ("batch", sizes)} for name in STATE_NAMES}
     dynamic["hidden_states"] = {0: ("batch", sizes), 1: ("seq", sizes)}
     model = ir.to_proto(export_module(FlatState(layer).eval(), example, dynamic, OUTPUT_NAMES, opset=18))
-    return reference, {target: convert(model, target) for target in ("tensorrt", "portable")}
+    targets = {target: convert(model, target) for target in ("tensorrt", "portable")}
+    for converted in targets.values():
+        onnx.checker.check_model(converted, full_check=True)
+    return targets
+
+
+@pytest.fixture(scope="module")
+def exported() -> tuple[nn.Module, dict[str, onnx.ModelProto]]:
+    reference = transformers_layer(seed=11)
+    return reference, export_layer(reference)
 
 
 def _transformers_state(cache: DynamicCache) -> dict[str, np.ndarray]:
@@ -99,3 +111,21 @@ def test_onnx_continuing_from_transformers_cache_matches_transformers(exported, 
         got = runner.infer(feeds)
     assert rel_l2(got["out"], want) < 1e-5
     assert rel_l2(got["recurrent_state_out"], cache.layers[0].recurrent_states[0]) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "bar"), [(torch.float16, 5e-3), (torch.bfloat16, 2e-2)], ids=str)
+def test_half_precision_exports_match_transformers_in_the_same_dtype(dtype: torch.dtype, bar: float) -> None:
+    """bfloat16 arrays travel as float32 (numpy has no bfloat16); the runner emulates bfloat16 storage."""
+    reference = transformers_layer(seed=12, dtype=dtype)
+    models = export_layer(reference)
+    x = hidden(2, 9, seed=4, dtype=dtype)
+    state = our_layer(reference).initial_state(2)
+    with torch.no_grad():
+        want = reference(x)
+    feeds = {"hidden_states": x, **dict(zip(STATE_NAMES, state, strict=True))}
+    feeds = {name: (t.float() if t.dtype == torch.bfloat16 else t).numpy() for name, t in feeds.items()}
+    for target, model in models.items():
+        with OnnxRuntimeRunner(model) as runner:
+            got = runner.infer(feeds)["out"]
+        assert rel_l2(got.astype(np.float32), want.float()) < bar, target
