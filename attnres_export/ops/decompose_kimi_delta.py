@@ -27,14 +27,15 @@ def decompose_kimi_delta(node: onnx.NodeProto, inputs: list[str], storage_type: 
     ``<node.name>/...``."""
     b = NodeBuilder(node.name, fresh)
     q, k, v, g, beta, initial_state = inputs
-    out_name, state_name = node.output
+    out_name, state_name = (*node.output, "")[:2]
+    state_name = state_name or fresh("final_state_unused")
     scale = float(attribute(node, "scale"))
     eps = b.scalar("l2norm_eps", float(attribute(node, "l2norm_eps")))
 
     def axes(hint: str, *values: int) -> str:
         return b.constant(hint, oh.make_tensor(hint, TensorProto.INT64, [len(values)], list(values)))
 
-    last, row, col = axes("axes_last", -1), axes("axes_row", -2), axes("axes_col", -1)
+    last, row = axes("axes_last", -1), axes("axes_row", -2)  # Unsqueeze at -1 makes a column, at -2 a row
 
     def l2_normalised(x: str, hint: str) -> str:
         if opset >= 18:
@@ -47,12 +48,12 @@ def decompose_kimi_delta(node: onnx.NodeProto, inputs: list[str], storage_type: 
     q_unit = l2_normalised(b.as_float(q, storage_type, "q_f32"), "q")
     k_unit = l2_normalised(b.as_float(k, storage_type, "k_f32"), "k")
     q_scaled = b.one("Mul", [q_unit, b.scalar("scale", scale)], "q_scaled")
-    beta_col = b.one("Unsqueeze", [b.as_float(beta, storage_type, "beta_f32"), col], "beta_col")
+    beta_col = b.one("Unsqueeze", [b.as_float(beta, storage_type, "beta_f32"), last], "beta_col")
     scanned = [
-        b.one("Unsqueeze", [b.one("Exp", [g], "decay"), col], "decay_col"),      # [B,T,H,dk,1]
+        b.one("Unsqueeze", [b.one("Exp", [g], "decay"), last], "decay_col"),      # [B,T,H,dk,1]
         b.one("Unsqueeze", [k_unit, row], "k_row"),                                # [B,T,H,1,dk]
         b.one("Unsqueeze", [b.as_float(v, storage_type, "v_f32"), row], "v_row"),  # [B,T,H,1,dv]
-        b.one("Unsqueeze", [b.one("Mul", [k_unit, beta_col], "k_beta"), col], "k_beta_col"),  # [B,T,H,dk,1]
+        b.one("Unsqueeze", [b.one("Mul", [k_unit, beta_col], "k_beta"), last], "k_beta_col"),  # [B,T,H,dk,1]
         b.one("Unsqueeze", [q_scaled, row], "q_row"),                              # [B,T,H,1,dk]
     ]
     rows = fresh("out_rows")

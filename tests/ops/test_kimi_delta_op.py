@@ -148,6 +148,18 @@ def test_portable_decomposition_matches_float64_reference_on_onnxruntime(opset: 
             assert _rel(got["final_state"], want_state) < 1e-5
 
 
+@pytest.mark.parametrize("target", ["tensorrt", "portable"])
+def test_a_node_that_leaves_out_the_final_state_still_runs(target: str) -> None:
+    model = _node_model((2, 4, 2, 4, 3))
+    del model.graph.node[0].output[1]
+    del model.graph.output[1]
+    feeds = _feeds((2, 4, 2, 4, 3))
+    with OnnxRuntimeRunner(convert(model, target)) as runner:
+        got = runner.infer(feeds)
+    want_out, _ = kimi_delta_attention_numpy_in(np.float64, *feeds.values(), 0.5, EPS)
+    assert list(got) == ["out"] and _rel(got["out"], want_out) < 1e-5
+
+
 def test_convert_round_trip_through_portable_restores_the_node() -> None:
     fused = _node_model((1, 3, 2, 4, 4))
     back = convert(convert(fused, "portable"), "tensorrt")
