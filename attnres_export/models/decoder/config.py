@@ -150,6 +150,11 @@ class DecoderConfig:
         return self.max_position_embeddings
 
     @property
+    def n_layers(self) -> int:
+        """Decoder layers (the checkpoint loader counts them against the weights before building)."""
+        return self.num_hidden_layers
+
+    @property
     def attn_res(self) -> bool:
         return self.attn_res_block_size is not None
 

@@ -9,6 +9,7 @@ KV-cache step (``decoder/with_past.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import ClassVar
@@ -85,8 +86,26 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+            self.register_load_state_dict_post_hook(_tie_again)
         self.fuse_norms = False
         """Compute each aggregation and the RMSNorm that reads it as one ``attnres::aggregate_norm`` op."""
+
+    STATE_SIZE_KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model.embed_tokens.weight": ("vocab_size", "hidden_size")}
+    """State_dict entries whose shapes pin the config's sizes, checked before a model is built."""
+    LAYER_PREFIX: ClassVar[str] = "model.layers."
+
+    def init_example(self) -> None:
+        """Random weights no check degenerates on: pseudo-queries of std ``2/sqrt(D)`` (zero ones make every
+        aggregation a plain mean), norm gains near 1, biases near 0, expert score-correction biases random."""
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("_res_proj.weight"):
+                    param.normal_(0.0, 2.0 / math.sqrt(self.config.hidden_size))
+                elif name.endswith(("norm.weight", "layernorm.weight")):
+                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                elif name.endswith((".bias", "e_score_correction_bias")):
+                    param.normal_(0.0, 0.02)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -203,3 +222,8 @@ class DecoderLM(nn.Module):
     def fused_node_count(self) -> int:
         """attnres nodes an export holds: one AttnResAggregate (or AttnResAggregateNorm) per aggregation."""
         return self.aggregation_count()
+
+
+def _tie_again(model: DecoderLM, _incompatible) -> None:
+    """``load_state_dict(assign=True)`` replaces both tensors of a tied pair; the head reads the embedding again."""
+    model.lm_head.weight = model.model.embed_tokens.weight
