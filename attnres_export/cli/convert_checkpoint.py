@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
+from attnres_export.atomic import default_file_mode
 from attnres_export.cli.framework import app, command, console
+from attnres_export.cli.options import require_files
 from attnres_export.errors import AttnresError
 
 
@@ -21,14 +23,17 @@ def convert_checkpoint(
     )] = None,
 ) -> None:
     """Write SOURCE as OUT_DIR/config.json + model.safetensors (or shards and their index)."""
+    if max_shard_mb is not None and not max_shard_mb > 0:
+        raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
+    require_files([("SOURCE", source)])
+    if out_dir.resolve() == source.resolve():
+        raise AttnresError(f"OUT_DIR {out_dir} is SOURCE; choose a new folder")
     from attnres_export.models import load_checkpoint
     from attnres_export.models.hf_folder import save_folder
 
-    if max_shard_mb is not None and not max_shard_mb > 0:
-        raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
-    if out_dir.resolve() == source.resolve():
-        raise AttnresError(f"OUT_DIR {out_dir} is SOURCE; choose a new folder")
     model, cfg = load_checkpoint(source)
     shard = int(max_shard_mb * (1 << 20)) if max_shard_mb else None
     files = save_folder(model.state_dict(), cfg, out_dir, shard)
+    for file in files:
+        file.chmod(default_file_mode())  # safetensors writes 0600; every file reads like config.json (umask)
     console.print(f"wrote [bold]{out_dir}[/bold]: {', '.join(f.name for f in files)}")
