@@ -26,10 +26,11 @@ def _inspect_checkpoint(file: Path) -> None:
     from attnres_export.models import load_checkpoint
 
     model, cfg = load_checkpoint(file)
-    rows = [(key, str(value)) for key, value in cfg.to_dict().items()]
+    features = getattr(cfg, "features", None)
+    rows = features() if features else [(key, str(value)) for key, value in cfg.to_dict().items()]
     rows += [("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
              ("fused attnres ops", str(model.fused_node_count()))]
-    console.print(table_of(f"{file}: attnres checkpoint", ("key", "value"), rows))
+    console.print(table_of(f"{file}: {cfg.arch} ({cfg.describe()})", ("key", "value"), rows))
 
 
 def _inspect_onnx(file: Path) -> None:

@@ -60,6 +60,11 @@ class Architecture:
     def read_hf(self, config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
         return _resolve(self.hf_reader)(config, tensors, where)
 
+    def write_example_folder(self, hf_type: str, out_dir: Any, seed: int, block_size: int | None,
+                             layers: int | None) -> tuple[Any, dict, int]:
+        """``(folder, config, parameter count)`` of a tiny random ``hf_type`` folder."""
+        return _resolve(self.example_folder)(hf_type, out_dir, seed, block_size, layers)
+
     def build(self, cfg: Any) -> Any:
         """A model of ``cfg`` with default-initialised weights (under ``torch.device("meta")``: none allocated)."""
         return self.model_type()(cfg)

@@ -18,14 +18,15 @@ from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
-from attnres_export.models import ModelConfig, save_checkpoint
+from attnres_export.models import save_checkpoint
+from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 
 TINY = {"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "max_seq_len": 16}
 
 
 def checkpoint(path, **overrides):
-    cfg = ModelConfig(**{**TINY, **overrides})
+    cfg = AttnResLMConfig(**{**TINY, **overrides})
     save_checkpoint(make_example(cfg, seed=1), cfg, path)
     return path
 

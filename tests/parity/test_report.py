@@ -13,8 +13,9 @@ from attnres_export.backends.base import Runner
 from attnres_export.backends.bench import HostClock, Workload
 from attnres_export.cli.render import bench_table, fusion_table, report_table
 from attnres_export.graphs.fusion import FusionResult
-from attnres_export.graphs.fusion.classify import ATTENTION, DEPTH
-from attnres_export.graphs.fusion.fuse import SiteOutcome
+from attnres_export.graphs.fusion.classify import ATTENTION
+from attnres_export.graphs.fusion.depth.pattern import DEPTH
+from attnres_export.graphs.fusion.result import SiteOutcome
 from attnres_export.parity.metrics import ErrorMetrics, compare, tolerance_for
 from attnres_export.parity.report import Check, Report, run_checks
 
@@ -97,7 +98,8 @@ def test_a_wide_console_shows_max_abs_and_max_rel_too_in_one_table():
 def test_the_fusion_table_fits_80_columns_with_numbers_uncut():
     sites = [SiteOutcome(f"/model/layers.{i}/aggregation/attention_over_depth/Softmax_{i}", i % 2 == 0,
                          "" if i % 2 == 0 else "the weights do not sum over a stack of earlier sublayer outputs",
-                         sources=i + 1, eps=1e-6, rel_l2=1.234e-7 * (i + 1), kind=DEPTH) for i in range(4)]
+                         sources=i + 1, eps=1e-6, rel_l2=1.234e-7 * (i + 1), kind=DEPTH, op_type="AttnResAggregate")
+             for i in range(4)]
     sites.append(SiteOutcome("/model/layers.0/self_attn/Softmax", False, "attention over tokens", kind=ATTENTION))
     text = printed(fusion_table(FusionResult(onnx.ModelProto(), sites, {})), 80)
     assert_fits_uncut(text, 80, ["1e-06", "1.2e-07", "4.9e-07", "fused", "unfused"])

@@ -165,6 +165,33 @@ class DecoderConfig:
         residual = f"AttnRes, {self.attn_res_block_size} layers a block" if self.attn_res else "standard residuals"
         return f"{self.model_type} body, {self.num_hidden_layers} layers, {residual}"
 
+    def features(self) -> list[tuple[str, str]]:
+        """What this body computes, for ``attnres inspect``: (feature, setting) rows."""
+        rows = [("family", self.model_type), ("layers", str(self.num_hidden_layers))]
+        if self.mla is not None:
+            m = self.mla
+            rows.append(("attention", f"multi-head latent (heads {self.num_attention_heads}, q_lora_rank "
+                                      f"{m.q_lora_rank}, kv_lora_rank {m.kv_lora_rank}, nope/rope/v head dims "
+                                      f"{m.qk_nope_head_dim}/{m.qk_rope_head_dim}/{m.v_head_dim})"))
+        else:
+            kind = "multi-head" if self.num_key_value_heads == self.num_attention_heads else "grouped-query"
+            rows.append(("attention", f"{kind} ({self.num_attention_heads} heads, {self.num_key_value_heads} KV "
+                                      f"heads, head_dim {self.head_dim})"))
+        scaling = "" if self.rope.rope_type == "default" else f", factor {self.rope.factor}"
+        rows.append(("rope", f"{self.rope.rope_type}, theta {self.rope.rope_theta:g}{scaling}"))
+        extras = [name for name, on in (("qkv bias", self.qkv_bias), ("o_proj bias", self.o_proj_bias),
+                                        ("mlp bias", self.mlp_bias), ("qk-norm", self.qk_norm),
+                                        ("tied embeddings", self.tie_word_embeddings)) if on]
+        rows.append(("extras", ", ".join(extras) or "none"))
+        if self.moe is not None:
+            e = self.moe
+            shared = f", {e.n_shared_experts} shared" if e.n_shared_experts else ""
+            rows.append(("experts", f"{e.num_experts} routed, top-{e.num_experts_per_tok}{shared} "
+                                    f"({e.scoring_func} router) in layers {list(self.moe_layers)}"))
+        rows.append(("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block"
+                                 if self.attn_res else "standard"))
+        return rows
+
     def to_dict(self) -> dict[str, Any]:
         """Plain values (nested dicts for rope, mla and moe), readable by ``from_dict``."""
         out = asdict(self)
