@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.atomic import default_file_mode
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import require_files
 from attnres_export.errors import AttnresError
@@ -34,6 +33,4 @@ def convert_checkpoint(
     model, cfg = load_checkpoint(source)
     shard = int(max_shard_mb * (1 << 20)) if max_shard_mb else None
     files = save_folder(model.state_dict(), cfg, out_dir, shard)
-    for file in files:
-        file.chmod(default_file_mode())  # safetensors writes 0600; every file reads like config.json (umask)
     console.print(f"wrote [bold]{out_dir}[/bold]: {', '.join(f.name for f in files)}")

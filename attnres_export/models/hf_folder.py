@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from attnres_export.atomic import temporary_dir_beside
+from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
 from attnres_export.models.registry import architecture, for_hf_model_type, hf_model_types
 
@@ -60,6 +60,8 @@ def save_folder(state: dict[str, torch.Tensor], cfg, out_dir: Path,
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        for file in folder.iterdir():
+            file.chmod(default_file_mode())  # safetensors writes 0600; every file reads like config.json (umask)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(folder, out_dir)

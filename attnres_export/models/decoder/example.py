@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from attnres_export.atomic import temporary_dir_beside
+from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
 
 COMMON = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -70,6 +70,8 @@ def write_example_folder(model_type: str, out_dir: Path, seed: int = 0, attn_res
         (folder / "config.json").write_text(json.dumps({"architectures": [_architecture(model_type)], **config},
                                                        indent=2) + "\n")
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        for file in folder.iterdir():
+            file.chmod(default_file_mode())  # safetensors writes 0600; every file reads like config.json (umask)
         os.replace(folder, out_dir)
     return out_dir, config, sum(p.numel() for p in model.parameters())
 
