@@ -1,0 +1,1 @@
+"""Decoder LM bodies with transformers' semantics, and their feed-forwards."""
