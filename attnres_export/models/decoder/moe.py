@@ -5,26 +5,26 @@
 ``gate.e_score_correction_bias``, ``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj`` [E, D, I],
 ``shared_experts.*``), and is written for export: one graph serves prefill and decode under dynamic batch and
 sequence, and a decode step reads only the selected experts' weights. The expert computation has three forms
-(docs/decode.md#experts-at-decode, with the measured effect of each):
+(docs/decode.md#experts-at-decode has the node-level reasons and the measured effect of each):
 
 - ``gather``: ``Gather`` the top-k experts' weights of every token out of the stacked tensors, then a batched
-  ``MatMul``. It moves ``N * k`` experts' weights for ``N`` tokens: the least work for a decode step.
-- ``grouped``: a loop over the experts some token selected (an ONNX ``Loop``); each iteration gathers that
-  expert's tokens (``NonZero``) and runs one matrix product on them. Every selected expert is read once and
-  only routed tokens are computed: the least work for a prefill.
+  ``MatMul``. Static shapes and a handful of nodes; it copies ``N * k`` experts' weights for ``N`` tokens.
+- ``grouped``: a loop over the experts some token chose (an ONNX ``Loop``); each iteration gathers that expert's
+  weights and its tokens (``NonZero``) and runs one matrix product on them. Each chosen expert is copied once
+  and only routed tokens are computed; shapes inside the loop depend on the routing.
 - ``dense``: every expert on every token, weighted by routing weights that are zero for unselected experts.
-  ``E / k`` times the routed work; kept as the all-experts baseline the benchmark compares against.
+  ``E / k`` times the routed work: the all-experts baseline, static shapes.
 
-``expert_path="auto"`` (the default) is ``gather`` while ``N * k <= E`` (gathering then moves no more weight
-bytes than one pass over all experts) and ``grouped`` above: in an export this is a ``torch.cond`` on the
-token count, an ONNX ``If``. Eager PyTorch takes the same branch with Python control flow.
+``expert_path`` is one form or two joined by ``+``: ``"gather+grouped"`` (the default) is ``gather`` while the
+call has at most ``gather_max_tokens`` tokens and ``grouped`` above. In an export that is a ``torch.cond`` on
+the token count, an ONNX ``If``; eager PyTorch takes the same branch with Python control flow.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +36,11 @@ from attnres_export.errors import CheckpointError, ExportError
 ROUTERS = ("softmax", "sigmoid")
 """``softmax``: Qwen3-MoE (softmax over experts, top-k, optional renormalisation). ``sigmoid``: DeepSeek-V3's
 ``noaux_tc`` (sigmoid scores, a correction bias used for selection only, group-limited top-k, scaling)."""
-EXPERT_PATHS = ("auto", "gather", "grouped", "dense")
+EXPERT_FORMS = ("gather", "grouped", "dense")
+EXPERT_PATHS = ("gather+grouped", "gather+dense", *EXPERT_FORMS)
+GATHER_MAX_TOKENS = 1
+"""On ONNX Runtime CPU ``gather`` and ``grouped`` tie on one token and ``grouped`` is ahead from two
+(docs/decode.md#experts-at-decode)."""
 ACTIVATIONS = ("silu",)
 INIT_STD = 0.02
 
@@ -180,27 +184,30 @@ class StackedExperts(nn.Module):
     [N, k]) -> [N, D]`` sums each token's experts times their routing weights (products in the promoted dtype of
     activations and weights, as transformers multiplies; the sum in float32)."""
 
-    def __init__(self, config: MoEConfig, expert_path: str = "auto") -> None:
+    def __init__(self, config: MoEConfig, expert_path: str = "gather+grouped",
+                 gather_max_tokens: int = GATHER_MAX_TOKENS) -> None:
         super().__init__()
         if expert_path not in EXPERT_PATHS:
             raise ExportError(f"expert_path must be one of {', '.join(EXPERT_PATHS)}, got {expert_path!r}")
+        if gather_max_tokens < 0:
+            raise ExportError(f"gather_max_tokens must be >= 0, got {gather_max_tokens}")
         self.num_experts = config.num_experts
         self.top_k = config.top_k
         self.expert_path = expert_path
+        self.gather_max_tokens = gather_max_tokens
         experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * inner, hidden) * INIT_STD)
         self.down_proj = nn.Parameter(torch.randn(experts, hidden, inner) * INIT_STD)
 
     def forward(self, x2: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.expert_path != "auto":
-            return self._paths()[self.expert_path](x2, indices, weights)
-        few_tokens = x2.shape[0] * self.top_k <= self.num_experts
+        forms = {"gather": self.gathered, "grouped": self.grouped, "dense": self.dense}
+        few, _, many = self.expert_path.partition("+")
+        if not many:
+            return forms[few](x2, indices, weights)
+        few_tokens = x2.shape[0] <= self.gather_max_tokens
         if isinstance(few_tokens, torch.SymBool):
-            return torch.cond(few_tokens, self.gathered, self.grouped, (x2, indices, weights))
-        return (self.gathered if few_tokens else self.grouped)(x2, indices, weights)
-
-    def _paths(self) -> dict[str, Callable[..., torch.Tensor]]:
-        return {"gather": self.gathered, "grouped": self.grouped, "dense": self.dense}
+            return torch.cond(few_tokens, forms[few], forms[many], (x2, indices, weights))
+        return forms[few if few_tokens else many](x2, indices, weights)
 
     def gathered(self, x2: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Each token's k experts gathered from the stacks (``Gather`` by the top-k indices), then batched
@@ -240,8 +247,9 @@ class StackedExperts(nn.Module):
                     weights: torch.Tensor) -> torch.Tensor:
         """``out`` plus one expert's weighted output on the tokens that chose it. A token chooses an expert at
         most once, so the update is a plain ``ScatterElements`` (TensorRT's ``ScatterND`` takes no reduction)."""
-        slots = torch.nonzero(indices.reshape(-1) == expert).squeeze(1)
-        tokens = torch.div(slots, self.top_k, rounding_mode="trunc")
+        pairs = torch.nonzero(indices == expert)
+        tokens = pairs[:, 0]
+        slots = tokens * self.top_k + pairs[:, 1]
         gate_up = torch.index_select(self.gate_up_proj, 0, expert.reshape(1)).squeeze(0)
         hidden = _swiglu(F.linear(torch.index_select(x2, 0, tokens), gate_up), dim=-1)
         down = torch.index_select(self.down_proj, 0, expert.reshape(1)).squeeze(0)
@@ -277,12 +285,13 @@ class MoEFeedForward(nn.Module):
     """A routed MoE feed-forward, ``forward(x [B, T, D]) -> [B, T, D]``: router, routed experts, and for
     DeepSeek-V3 the shared experts added on top."""
 
-    def __init__(self, config: MoEConfig, expert_path: str = "auto") -> None:
+    def __init__(self, config: MoEConfig, expert_path: str = "gather+grouped",
+                 gather_max_tokens: int = GATHER_MAX_TOKENS) -> None:
         super().__init__()
         self.config = config
         router = SoftmaxTopKRouter if config.router == "softmax" else SigmoidGroupTopKRouter
         self.gate = router(config)
-        self.experts = StackedExperts(config, expert_path)
+        self.experts = StackedExperts(config, expert_path, gather_max_tokens)
         self.shared_experts = SharedExperts(config.hidden_size, config.shared_size) if config.n_shared_experts else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

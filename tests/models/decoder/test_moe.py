@@ -23,7 +23,8 @@ from attnres_export.models.decoder.moe import EXPERT_PATHS, MoEConfig, MoEFeedFo
 
 HIDDEN, INNER, EXPERTS, TOP_K = 32, 16, 8, 2
 TOKEN_SHAPES = [(1, 1), (1, 7), (3, 11), (1, 33)]
-"""(batch, seq): one token and 7 tokens take the gather branch of ``auto`` (N * k <= E), 33 tokens the grouped."""
+"""(batch, seq): one token takes the gather branch of the two-branch paths (``gather_max_tokens`` 1), the rest the
+other branch."""
 
 
 @dataclass
@@ -86,7 +87,7 @@ def saved_tensors(family: Family, folder: Path, original_format: bool = True) ->
     return load_file(folder / "model.safetensors")
 
 
-def ours(family: Family, tensors: dict[str, torch.Tensor], expert_path: str = "auto") -> MoEFeedForward:
+def ours(family: Family, tensors: dict[str, torch.Tensor], expert_path: str = "gather+grouped") -> MoEFeedForward:
     module = MoEFeedForward(family.config, expert_path).eval()
     module.load_hf_tensors(family.prefix, tensors)
     return module
@@ -205,9 +206,11 @@ def test_config_refuses_what_is_not_implemented_in_one_line(overrides, problem):
     assert "\n" not in str(error.value)
 
 
-def test_unknown_expert_path_is_refused():
-    with pytest.raises(ExportError, match="expert_path must be one of auto, gather, grouped, dense"):
+def test_unknown_expert_path_and_negative_gather_bound_are_refused():
+    with pytest.raises(ExportError, match=r"expert_path must be one of gather\+grouped, gather\+dense, gather, "):
         MoEFeedForward(MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K), "sparse")
+    with pytest.raises(ExportError, match="gather_max_tokens must be >= 0, got -1"):
+        MoEFeedForward(MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K), gather_max_tokens=-1)
 
 
 def test_mapping_refuses_missing_left_over_and_quantized_tensors(family, per_expert_tensors):
@@ -254,13 +257,16 @@ def test_loading_refuses_the_other_familys_block_naming_the_tensors(tmp_path):
 
 @pytest.fixture(scope="module")
 def exported(family, per_expert_tensors, tmp_path_factory) -> Path:
-    """The ``auto`` module exported once per family with dynamic batch and sequence (traced at 2 x 3)."""
-    module = ours(family, per_expert_tensors)
+    """The default module (``gather+grouped``) exported once per family with dynamic batch and sequence (traced at
+    2 x 3)."""
+    return export(ours(family, per_expert_tensors), tmp_path_factory.mktemp(f"{family.name}-onnx") / "moe.onnx")
+
+
+def export(module: MoEFeedForward, path: Path) -> Path:
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=4096)
     program = torch.onnx.export(module, (inputs((2, 3)),), dynamic_shapes=({0: batch, 1: seq},), dynamo=True,
                                 optimize=False, verbose=False)
     optimize_exported(program.model)
-    path = tmp_path_factory.mktemp(f"{family.name}-onnx") / "moe.onnx"
     program.save(str(path))
     return path
 
@@ -272,7 +278,7 @@ def _session(model: onnx.ModelProto | Path) -> onnxruntime.InferenceSession:
 
 @pytest.mark.parametrize("shape", [(1, 1), (4, 1), (1, 17), (2, 9)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_onnx_runtime_output_matches_transformers_on_both_branches(family, exported, shape):
-    """1 token and a decode batch of 4 (N * k <= E) run the gather branch; 17 and 2 x 9 tokens the grouped one."""
+    """One token runs the gather branch; a decode batch of 4, 17 and 2 x 9 tokens the grouped one."""
     x = inputs(shape)
     got = _session(exported).run(None, {"x": x.numpy()})[0]
     with torch.no_grad():
@@ -299,8 +305,8 @@ def _traces_to_topk_indices(name: str, graphs: list[onnx.GraphProto]) -> bool:
 
 
 def test_decode_branch_gathers_only_the_top_k_experts_weights(exported):
-    """The graph's one If takes its then-branch while N * k <= E; there the stacked expert tensors are read only
-    by Gathers indexed by the router's TopK indices (k experts per token), and nothing outside the If reads them."""
+    """The graph's one If takes its then-branch on few tokens; there the stacked expert tensors are read only by
+    Gathers indexed by the router's TopK indices (k experts per token), and nothing outside the If reads them."""
     model = onnx.load(str(exported))
     stacks = {"experts.gate_up_proj", "experts.down_proj"}
     assert stacks <= {init.name for init in model.graph.initializer}
@@ -338,3 +344,27 @@ def test_onnx_resolves_routing_ties_to_the_lowest_expert_indices(family, exporte
         if family.name == "deepseek_v3":
             expected = expected + family.block.shared_experts(tokens)
     assert rel_l2(got.reshape(-1, HIDDEN), expected) <= 1e-5
+
+
+@pytest.mark.slow
+def test_gather_plus_dense_exports_with_static_shapes_only_and_matches_transformers(tmp_path):
+    """The combination that needs no Loop and no NonZero (for runtimes without data-dependent shapes), with the
+    gather branch up to a decode batch of 4."""
+    family = qwen3_moe()
+    tensors = saved_tensors(family, tmp_path / "folder")
+    module = MoEFeedForward(family.config, "gather+dense", gather_max_tokens=4).eval()
+    module.load_hf_tensors(family.prefix, tensors)
+    path = export(module, tmp_path / "moe.onnx")
+    ops = set()
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        ops.add(node.op_type)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                ops.update(inner.op_type for inner in attribute.g.node)
+    assert "If" in ops and "Gather" in ops
+    assert not ops & {"Loop", "NonZero"}
+    for shape in [(4, 1), (1, 17)]:
+        x = inputs(shape)
+        with torch.no_grad():
+            assert rel_l2(_session(path).run(None, {"x": x.numpy()})[0], family.block(x)) <= 1e-5
