@@ -143,8 +143,10 @@ class SigmoidGroupTopKRouter(nn.Module):
     """DeepSeek-V3's router (``DeepseekV3TopkRouter``), in float32: sigmoid scores; the correction bias is added
     for choosing only; groups ranked by their two best biased scores keep ``topk_group`` of ``n_group``; the top-k
     experts of the kept groups are weighted by their unbiased scores, renormalised when ``norm_topk_prob``
-    (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted (TensorRT's TopK takes only
-    ``sorted=1``); the chosen set is the same, the order only changes the order of the expert sum."""
+    (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted where transformers asks for
+    ``sorted=False`` (onnx-tensorrt's operator table wants ``sorted=1``): the order only changes the order of the
+    expert sum; that sorted and unsorted calls pick the same experts among exact ties holds in the tests on the
+    CPU but is no documented promise of torch (docs/decode.md#routing-ties)."""
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()

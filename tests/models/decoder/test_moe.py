@@ -29,7 +29,7 @@ other branch."""
 
 @dataclass
 class Family:
-    """One transformers MoE model of one layer, its MoE block and our config for it."""
+    """A tiny transformers MoE model, the prefix and module of its MoE block, and our config for that block."""
 
     name: str
     model: torch.nn.Module
