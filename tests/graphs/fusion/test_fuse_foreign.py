@@ -14,11 +14,12 @@ from tests.graphs.fusion.foreign_models import (
     NEGATIVE,
     POSITIVE,
     STATIC,
+    InPlaceBankLM,
     OnesPartialLM,
     StackEinsumLM,
     TwoPhaseUnscaledMergeLM,
 )
-from tests.graphs.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx
+from tests.graphs.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx, save_program
 
 
 @pytest.mark.parametrize("style", slow_after(sorted(POSITIVE), fast=0))
@@ -213,3 +214,25 @@ def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
     unfused = result.unfused_depth
     assert len(unfused) == 2 and all("is a constant that is not zero" in s.reason for s in unfused)
     assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)
+
+
+def test_a_bank_written_in_place_fuses_every_aggregation_through_plain_onnx_and_through_a_pt2(tmp_path):
+    """InPlaceBankLM writes its sources into a view of a preallocated bank (slice assignment and ``copy_``): the
+    source tracer follows the ScatterND and ScatterElements writes back to the tensors written, and the bank dies."""
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    model = InPlaceBankLM().eval()
+    original = plain_onnx(InPlaceBankLM, opset=18)
+    assert {"ScatterND", "ScatterElements"} <= {n.op_type for n in original.graph.node}
+    result, parity = fuse(original)
+    assert [s.reason for s in result.sites if not s.fused] == []
+    assert result.fused_by_op == {AGGREGATE: model.aggregations} and parity.ok
+    assert not {"ScatterND", "ScatterElements"} & {n.op_type for n in result.model.graph.node}
+    assert matches_torch(result.model, model)
+    program, out = save_program(model, tmp_path / "bank.pt2"), tmp_path / "bank.onnx"
+    exported = CliRunner().invoke(app, ["export", str(program), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert fused_count(onnx.load(str(out))) == model.aggregations
+    assert matches_torch(onnx.load(str(out)), model)
