@@ -48,12 +48,11 @@ def fusion_table(fusion: FusionResult) -> Table:
 
 
 def unfused_warning(fusion: FusionResult) -> str | None:
-    """One line when depth aggregations stay as standard ops (they run, without the fused node)."""
-    left = fusion.unfused_depth
-    if not left:
+    """One line when sites of any pattern stay as standard ops (they run, without the fused node)."""
+    if not fusion.unfused:
         return None
-    return (f"[yellow]warning:[/yellow] {len(left)} depth aggregation(s) were not fused, or only in part, and stay "
-            "as standard ops (reasons in the table); --strict makes this an error")
+    return (f"[yellow]warning:[/yellow] {fusion.unfused_summary()} were not fused, or only in part, and stay as "
+            "standard ops (reasons in the table); --strict makes this an error")
 
 
 def bench_table(workloads: Sequence[Workload]) -> Table:

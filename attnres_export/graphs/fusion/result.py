@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 
 from attnres_export.graphs.fusion.classify import ATTENTION, OTHER
-from attnres_export.ops.opset import AGGREGATE
 
 
 @dataclass
@@ -68,10 +67,15 @@ class FusionResult:
         return sum(s.kind == kind for s in self.sites)
 
     @property
-    def unfused_depth(self) -> list[SiteOutcome]:
-        """Depth aggregations left as standard ops, wholly or in part: they run, but slower and without the
+    def unfused(self) -> list[SiteOutcome]:
+        """Sites of any pattern left as standard ops, wholly or in part: they run, but slower and without the
         plugin."""
-        return [s for s in self.of_op(AGGREGATE) if not s.fused or s.partial]
+        return [s for s in self.sites if s.op_type and (not s.fused or s.partial)]
+
+    def unfused_summary(self) -> str:
+        """``5 depth aggregation site(s), 2 residual-score attention site(s)``: the unfused sites per kind."""
+        counts = Counter(s.kind for s in self.unfused)
+        return ", ".join(f"{counts[kind]} {kind} site(s)" for kind in self.kinds.values() if counts[kind])
 
     def to_dict(self) -> dict:
         by_op = {op: {"kind": kind, "found": len(sites := self.of_op(op)), "fused": sum(s.fused for s in sites),

@@ -102,9 +102,10 @@ def test_unfused_depth_aggregations_warn_and_fail_with_strict(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
     assert result.exit_code == 0, result.output
-    assert "5 depth aggregation(s) were not fused, or only in part" in result.output
+    assert "5 depth aggregation site(s) were not fused, or only in part" in result.output
     strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
-    assert strict.exit_code == 1 and "--strict: 5 depth aggregation(s) were not fused, or only in part" in strict.output
+    assert strict.exit_code == 1
+    assert "--strict: 5 depth aggregation site(s) were not fused, or only in part" in strict.output
     assert not (tmp_path / "b.onnx").exists()
 
 
@@ -182,7 +183,7 @@ def test_a_merge_that_is_not_attnres_keeps_phase_1_fused_alone_and_the_report_sa
     partial = [s.reason for s in result.sites if s.reason]
     assert len(partial) == 1 and partial[0].startswith("phase 1 only: its merge with ")
     assert "differs from AttnResAggregate" in partial[0]
-    assert [s.reason for s in result.unfused_depth] == partial
+    assert [s.reason for s in result.unfused] == partial
     assert "Max" in {n.op_type for n in result.model.graph.node}
     assert parity.ok and matches_torch(result.model, model)
 
@@ -211,7 +212,7 @@ def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
     model = OnesPartialLM().eval()
     result, parity = fuse(plain_onnx(OnesPartialLM, opset=18, static=True))
     assert fused_count(result.model) == result.fused_by_op[AGGREGATE] == model.aggregations
-    unfused = result.unfused_depth
+    unfused = result.unfused
     assert len(unfused) == 2 and all("is a constant that is not zero" in s.reason for s in unfused)
     assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)
 

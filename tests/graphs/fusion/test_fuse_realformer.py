@@ -164,7 +164,7 @@ def test_attention_over_a_single_token_is_still_attention_and_not_an_unfused_dep
     original = plain_onnx(PlainBert, opset=18)
     result, parity = fuse_and_check(original, random_feeds(original, 3, {"input_ids": [2, 1]}), seed=3)
     assert [s.kind for s in result.sites] == [ATTENTION] * LAYERS
-    assert result.unfused_depth == [] and parity.ok
+    assert result.unfused == [] and parity.ok
 
 
 @pytest.mark.parametrize(("style", "reason", "first"), [
@@ -234,3 +234,18 @@ def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_th
     assert data["fused_nodes"] == LAYERS
     assert f"{LAYERS} ResidualScoreAttention nodes fused" in result.output
     assert matches_torch(written, model)
+
+
+def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
+    """A near miss (a mask carried with the scores) is a RealFormer layer left as standard ops: warned like an
+    unfused depth aggregation, and an error under --strict that writes nothing."""
+    source = tmp_path / "near_miss.onnx"
+    onnx.save(plain_onnx(NEAR_MISS["carried-mask"], opset=18), str(source))
+    runner = CliRunner()
+    result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
+    assert result.exit_code == 0, result.output
+    assert f"{LAYERS} residual-score attention site(s) were not fused, or only in part" in result.output
+    strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
+    assert strict.exit_code == 1
+    assert f"--strict: {LAYERS} residual-score attention site(s) were not fused" in " ".join(strict.output.split())
+    assert not (tmp_path / "b.onnx").exists()
