@@ -57,7 +57,7 @@ def export(
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
-    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.export import ExportOptions
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions, export_any
 
@@ -74,7 +74,7 @@ def export(
         result = export_any(opts, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
-        if (warning := unfused_warning(result.fusion)) is not None:
+        for warning in fusion_warnings(result.fusion):
             err_console.print(warning)
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "

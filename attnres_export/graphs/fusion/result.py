@@ -25,6 +25,8 @@ class Replacement:
     note: str = ""
     """Why the site is fused only in part, when it is (``partial``)."""
     partial: bool = False
+    warnings: list[str] = field(default_factory=list)
+    """What the user should know about a site that verified (e.g. that the graph lost something the model has)."""
 
 
 @dataclass
@@ -42,6 +44,7 @@ class SiteOutcome:
     partial: bool = False
     """Fused in part (a two-phase merge's phase 1 is one node, its merge with the partial stays standard ops)."""
     op_type: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -77,9 +80,18 @@ class FusionResult:
         counts = Counter(s.kind for s in self.unfused)
         return ", ".join(f"{counts[kind]} {kind} site(s)" for kind in self.kinds.values() if counts[kind])
 
+    @property
+    def warnings(self) -> dict[str, list[str]]:
+        """Each distinct warning of the sites, with the sites it applies to."""
+        found: dict[str, list[str]] = {}
+        for s in self.sites:
+            for warning in s.warnings:
+                found.setdefault(warning, []).append(s.site)
+        return found
+
     def to_dict(self) -> dict:
         by_op = {op: {"kind": kind, "found": len(sites := self.of_op(op)), "fused": sum(s.fused for s in sites),
                       "unfused": sum(not s.fused or s.partial for s in sites)}
                  for op, kind in self.kinds.items()}
         return {"fused_by_op": self.fused_by_op, "by_op": by_op, "attention": self.count(ATTENTION),
-                "other": self.count(OTHER), "sites": [asdict(s) for s in self.sites]}
+                "other": self.count(OTHER), "warnings": self.warnings, "sites": [asdict(s) for s in self.sites]}

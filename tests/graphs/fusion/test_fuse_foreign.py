@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -237,3 +239,27 @@ def test_a_bank_written_in_place_fuses_every_aggregation_through_plain_onnx_and_
     assert exported.exit_code == 0, exported.output
     assert fused_count(onnx.load(str(out))) == model.aggregations
     assert matches_torch(onnx.load(str(out)), model)
+
+
+class TinyEpsLM(StackEinsumLM):
+    """eps = 1e-9: torch.onnx.export's default optimizer folds the ``+ eps`` of its RMS norms away."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.eps = 1e-9
+
+
+def test_rms_norms_whose_eps_the_exporters_optimizer_dropped_are_fused_with_a_warning_naming_the_fix(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    source, out, report = tmp_path / "tiny_eps.onnx", tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    onnx.save(plain_onnx(TinyEpsLM, opset=18), str(source))
+    result = CliRunner().invoke(app, ["fuse", str(source), "-o", str(out), "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "adds no eps" in text and "optimize=False" in text and ".pt2 program" in text
+    sites = json.loads(report.read_text())["sites"]
+    assert len(sites) == TinyEpsLM.aggregations
+    assert all(s["fused"] and s["eps"] == 0 and s["warnings"] for s in sites), sites
