@@ -33,10 +33,13 @@ from attnres_export.parity.metrics import compare, tolerance_for
 from attnres_export.parity.report import Report
 from tests.graphs.fusion.foreign_models import example_ids
 from tests.graphs.fusion.foreign_realformer import (
+    IMAGE,
     LAYERS,
     NEAR_MISS,
     RESIDUAL_STYLES,
+    VIT_LAYERS,
     BertStyleRealFormer,
+    BmmRealFormerViT,
     PlainBert,
     RunningMeanRealFormer,
 )
@@ -249,3 +252,31 @@ def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
     assert strict.exit_code == 1
     assert f"--strict: {LAYERS} residual-score attention site(s) were not fused" in " ".join(strict.output.split())
     assert not (tmp_path / "b.onnx").exists()
+
+
+def test_a_vision_transformer_with_heads_merged_into_the_batch_fuses_every_layer_and_matches_torch():
+    """BmmRealFormerViT multiplies 3-D ``[B*H, N, d]`` heads with ``torch.bmm``: each layer becomes one node that
+    reads them with a leading unit axis, chained through its scores, and the class-token logits match PyTorch at a
+    batch size it was not traced at."""
+    model = BmmRealFormerViT().eval()
+    pixels = torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        original = torch.onnx.export(model, (pixels,), dynamo=True, input_names=["pixels"], output_names=["logits"],
+                                     dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},),
+                                     opset_version=18).model_proto
+    result, parity = fuse(original)
+    assert [s.reason for s in result.sites] == [""] * VIT_LAYERS and parity.ok
+    nodes = attention_nodes(result.model)
+    assert len(nodes) == result.fused_by_op[RESIDUAL_ATTENTION] == VIT_LAYERS
+    assert "Softmax" not in {n.op_type for n in result.model.graph.node}
+    producer = {o: n for n in result.model.graph.node for o in n.output}
+    for before, after in itertools.pairwise(nodes):
+        squeezed = producer[producer[inputs_of(after)["prev_scores"]].input[0]]
+        assert squeezed.op_type == "Squeeze" and squeezed.input[0] == before.output[1]
+    other = torch.randn(3, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = model(other).numpy()
+    with OnnxRuntimeRunner(result.model) as runner:
+        got = runner.infer({"pixels": other.numpy()})["logits"]
+    assert compare(np.asarray(got), expected, tolerance_for("float32")).ok
