@@ -85,7 +85,7 @@ def export(
     )
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
 
-    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.export import export_any
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
 
@@ -94,7 +94,7 @@ def export(
         result = export_any(opts, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
-        if (warning := unfused_warning(result.fusion)) is not None:
+        for warning in fusion_warnings(result.fusion):
             err_console.print(warning)
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "

@@ -255,6 +255,39 @@ class TwoPhaseRunningLM(TwoPhaseLseLM):
         return (a * o1 + b * partial) / (a + b)
 
 
+class InPlaceBankLM(ForeignLM):
+    """(l) Full AttnRes in the style of serving engines (SGLang's ``attn_residual.py``): a bank of sources
+    preallocated once as a buffer ``[max_tokens, n, D]``, a view of it per forward (``bank[: b * t]``) written in
+    place, the embedding by slice assignment and each sublayer output with ``bank[:, i, :].copy_(x)``; each
+    aggregation reads ``bank[:, : i + 1]`` token-major. Exported, the writes are ScatterElements into the view and
+    ScatterND of the view back into the bank."""
+
+    max_tokens = 512
+    """Batch 8 x sequence 64, the largest shape the tests' dynamic dims allow."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(self.n_sub + 1, self.dim))
+        self.eps = 1e-6
+        self.register_buffer("bank", torch.zeros(self.max_tokens, self.n_sub + 1, self.dim), persistent=False)
+
+    def aggregate(self, values: torch.Tensor, i: int) -> torch.Tensor:
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        weights = (keys @ self.query[i]).softmax(dim=-1)
+        return torch.einsum("nk,nkd->nd", weights, values)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        b, t, d = emb.shape
+        bank = self.bank[: b * t]
+        bank[:, 0:1, :] = emb.reshape(b * t, 1, d)
+        for i, layer in enumerate(self.sublayers):
+            h = self.aggregate(bank[:, : i + 1, :], i).reshape(b, t, d)
+            bank[:, i + 1, :].copy_(layer(h).reshape(b * t, d))
+        return self.head(self.aggregate(bank, self.n_sub).reshape(b, t, d))
+
+
 class _PartialBlocks:
     """Block AttnRes that starts every block with ``partial = self.fill(x)`` and always aggregates
     ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
@@ -348,7 +381,7 @@ class NoNormLM(_NegativeLM):
 POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token-major": TokenMajorLM,
             "torch-rmsnorm": TorchRMSNormLM, "repeated-source": RepeatedSourceLM,
             "hand-softmax": HandSoftmaxLM, "two-phase-lse": TwoPhaseLseLM, "two-phase-sigmoid": TwoPhaseSigmoidLM,
-            "two-phase-running": TwoPhaseRunningLM}
+            "two-phase-running": TwoPhaseRunningLM, "in-place-bank": InPlaceBankLM}
 STATIC = {"zeros-partial-stack": ZerosPartialLM, "zeros-partial-scored": ZerosPartialScoredLM}
 """Models whose zero partial sources fold to constants when exported with static shapes."""
 NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}
