@@ -28,7 +28,8 @@ JSON_BYTES_PER_VALUE = 32
 BODY_OVERHEAD_BYTES = 64 * 1024
 """Room for the request's names, parameters and whitespace beside its values."""
 UNBOUNDED_BODY_BYTES = 64 * 1024 * 1024
-"""The body limit when some input axis has no recorded range (a foreign ONNX): Triton 2.52's own default."""
+"""The body limit when some input axis has no recorded range (a foreign ONNX): the default of the
+``--http-max-input-size`` that Triton releases after 2.51 have."""
 CONTROL_BODY_BYTES = 64 * 1024
 """The body limit of every request that is not an inference (repository, trace, logging settings)."""
 JSON_DEPTH_SLACK = 4

@@ -55,9 +55,10 @@ RESTART_WINDOW_S = 600
 """The backend is replaced at most this often in this window; a fourth death in it ends the server (exit 1)."""
 START_ATTEMPTS = 5
 """Tries to start a backend before the server gives up (exit 1)."""
-STUB_BYTES = 160 * 1024 * 1024
-"""Memory one instance costs beside its model's weights: a Python-backend stub process (a Python interpreter
-with PyTriton's proxy) and the inference handler's buffers; measured about 80 MB RSS per stub, doubled."""
+STUB_BYTES = 128 * 1024 * 1024
+"""Memory one instance costs beside its model's weights: a Python-backend stub process (a Python interpreter with
+PyTriton's proxy, 45 MB RSS) and its session's buffers: a second instance of the 1 MB example export added 53 MB
+RSS (8 MB in the serving process); rounded up for larger activations."""
 
 
 @dataclass
@@ -115,9 +116,10 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def check_instances(instances: int, model_bytes: int) -> None:
+def check_instances(instances: int, model_bytes: int | None = None) -> None:
     """At least one instance, at most one per usable core (more only queue for the same cores: each ONNX Runtime
-    session already runs one thread per core) and no more than the available memory holds."""
+    session already runs one thread per core) and, once the model's size is known, no more than the available
+    memory holds."""
     if instances < 1:
         raise ServeError(f"--instances {instances}: must be at least 1")
     cores = usable_cores()
@@ -125,12 +127,13 @@ def check_instances(instances: int, model_bytes: int) -> None:
         raise ServeError(f"--instances {instances} is over this machine's {cores} usable CPU cores (one instance "
                          f"per core at most); use --instances {cores} or fewer")
     memory = available_memory()
+    if model_bytes is None or memory is None:
+        return
     each = model_bytes + STUB_BYTES
-    if memory is not None and instances * each > memory:
-        fits = max(memory // each, 0)
+    if instances * each > memory:
         raise ServeError(f"--instances {instances} needs about {instances * each / 2**20:.0f} MB ({each / 2**20:.0f} "
                          f"MB each: the model's weights and a stub process); {memory / 2**20:.0f} MB is available, "
-                         f"enough for {fits}")
+                         f"enough for {memory // each}")
 
 
 def prepare_model(options: ServeOptions) -> ServedModel:
@@ -138,8 +141,7 @@ def prepare_model(options: ServeOptions) -> ServedModel:
     machine."""
     if not Path(options.artifact).is_file():
         raise ServeError(f"{options.artifact}: no such file")
-    if options.instances < 1:
-        raise ServeError(f"--instances {options.instances}: must be at least 1")
+    check_instances(options.instances)
     name = model_name_for(options.artifact, options.model_name)
     if is_engine(options.artifact):
         from attnres_export.backends.factory import engine_runner

@@ -121,10 +121,10 @@ def test_bad_serve_options_are_one_line_and_start_nothing(portable_onnx, args, p
 def test_instances_are_bounded_by_memory_as_well(monkeypatch):
     monkeypatch.setattr(server, "usable_cores", lambda: 64)
     monkeypatch.setattr(server, "available_memory", lambda: 1024 * 2**20)
-    server.check_instances(4, 64 * 2**20)
-    with pytest.raises(dependencies.ServeError, match=r"--instances 5 needs about 1120 MB .* 1024 MB is available, "
-                                                      r"enough for 4"):
-        server.check_instances(5, 64 * 2**20)
+    server.check_instances(5, 64 * 2**20)
+    with pytest.raises(dependencies.ServeError, match=r"--instances 6 needs about 1152 MB \(192 MB each: .*\); "
+                                                      r"1024 MB is available, enough for 5"):
+        server.check_instances(6, 64 * 2**20)
 
 
 @NEEDS_SERVER
