@@ -158,6 +158,8 @@ def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_engin
     assert [(s.name, s.dtype, s.dims) for s in served.signature.inputs] == [("input_ids", "int64", (-1, -1))]
     assert [(s.name, s.dtype, s.dims) for s in served.signature.outputs] == [("logits", "float32", (-1, -1, 4))]
     assert served.signature.max_batch == 2
+    batch = served.limits.profiles[0]["input_ids"][0]
+    assert (batch.low, batch.high) == (1, 2) and served.limits.inputs["input_ids"].values.high == 4
 
 
 def test_triton_repo_without_tritonclient_is_one_line_naming_the_extra(monkeypatch, tmp_path):
