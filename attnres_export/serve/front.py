@@ -182,6 +182,7 @@ class GrpcFront:
         self.pb = require("tritonclient.grpc.service_pb2", "attnres serve")
         self.state = state
         self.channels: dict[str, object] = {}
+        self.closing: set[asyncio.Future] = set()
 
     def handler(self):
         grpc, front = self.grpc, self
@@ -202,7 +203,12 @@ class GrpcFront:
         return Handler()
 
     def channel(self, address: str):
+        """The channel to the backend at ``address`` (a restarted backend has new ports: the old channel closes)."""
         if address not in self.channels:
+            for old in self.channels.values():
+                closing = asyncio.ensure_future(old.close(grace=5))
+                self.closing.add(closing)
+                closing.add_done_callback(self.closing.discard)
             self.channels = {address: self.aio.insecure_channel(address, options=[
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])}
         return self.channels[address]
