@@ -55,6 +55,9 @@ def export(
     fuse_norm: Annotated[bool, typer.Option(
         "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
+    trace_whole: Annotated[bool, typer.Option(
+        "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
+                              "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
@@ -67,7 +70,7 @@ def export(
     opts = ExportOptions(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
-        with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm,
+        with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm, trace_whole=trace_whole,
     )
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)

@@ -164,15 +164,13 @@ class _Assembly:
         for value, name in zip(kind.inputs, piece.inputs, strict=True):
             mapped[value] = self.read(name, f"piece {piece.name}")
         own = {value: tensor for (_, value), (_, tensor) in zip(kind.weights, tensors, strict=True)}
-        for value, tensor in own.items():
-            mapped[value] = self.weight(tensor, piece)
         for value in folding.read:
             mapped[value] = self._folded(value, own, piece)
         outputs = dict(zip(kind.outputs, piece.outputs, strict=True))
         for node in kind.nodes:
             if node in folding.nodes:
                 continue
-            inputs = [None if v is None else mapped[v] if v in mapped else self.constant(v, piece) for v in node.inputs]
+            inputs = [self._input(v, mapped, own, piece) for v in node.inputs]
             copy = ir.Node(node.domain, node.op_type, inputs, attributes=list(node.attributes.values()),
                            overload=node.overload, num_outputs=len(node.outputs), version=node.version,
                            name=f"{piece.name}/{node.name}")
@@ -186,6 +184,19 @@ class _Assembly:
             if name in self.env:
                 raise ExportError(f"the model's export plan produces {name!r} twice (please report this)")
             self.env[name] = mapped[old]
+
+    def _input(self, value: ir.Value | None, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
+               piece: PlanPiece) -> ir.Value | None:
+        """What a copied node reads for the traced ``value``: a value of this copy, a weight (its initializer is
+        made when a kept node reads it, so a weight only read through a folded node is not written), or a
+        constant."""
+        if value is None:
+            return None
+        if value in mapped:
+            return mapped[value]
+        if value in own:
+            return self.weight(own[value], piece)
+        return self.constant(value, piece)
 
     def _folded(self, value: ir.Value, own: dict[ir.Value, torch.Tensor], piece: PlanPiece) -> ir.Value:
         root, ops = _folded_root(value)

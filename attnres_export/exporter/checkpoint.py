@@ -87,6 +87,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         graph = stage.write_traced(traced)
         del traced
         gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+        status(f"stamping the metadata and converting for the {opts.target} target")
         name_dynamic_dims(graph, job.dynamic_dims)
         graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
         stage.write_graph(graph)
