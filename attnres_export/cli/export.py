@@ -74,6 +74,9 @@ def export(
         "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
     version: VersionOption = False,
+    trace_whole: Annotated[bool, typer.Option(
+        "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
+                              "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     if report is not None and not check:
@@ -82,6 +85,7 @@ def export(
     opts = ExportOptions(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
+        trace_whole=trace_whole,
     )
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
 
