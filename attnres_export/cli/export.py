@@ -55,6 +55,9 @@ def export(
     fuse_norm: Annotated[bool, typer.Option(
         "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
+    genai: Annotated[Path | None, typer.Option(
+        "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
+                        "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     from attnres_export.cli.render import fusion_table, report_table, unfused_warning
@@ -69,10 +72,16 @@ def export(
         seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
         with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm,
     )
+    if genai is not None:
+        from attnres_export.exporter.genai import export_genai, genai_options
+
+        opts = genai_options(opts, genai)
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
     with console.status("exporting") as status:
-        result = export_any(opts, foreign, status=lambda text: status.update(text))
+        progress = status.update
+        result = (export_any(opts, foreign, status=progress) if genai is None
+                  else export_genai(opts, genai, foreign, status=progress))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
         if (warning := unfused_warning(result.fusion)) is not None:
