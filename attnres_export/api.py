@@ -1,15 +1,17 @@
 """The Python API, for models that exist only in a Python process (Hugging Face models with remote code,
-research code): the same pipeline and the same result objects as ``attnres-export`` and ``attnres fuse``.
+research code): the same pipeline and the same result objects as ``attnres-export``, ``attnres fuse`` and
+``attnres check``.
 
-    from attnres_export.api import export, fuse
+    from attnres_export.api import check, export, fuse
 
     result = export(model, (input_ids,), "model.onnx")      # ForeignExportResult: .path, .report, .fusion
     fusion, report = fuse(onnx.load("plain.onnx"))           # FusionResult (.model, .fused_by_op), Report
+    report = check("model.pt", onnx=["model.tensorrt.onnx"]) # Report: .ok, .checks, .to_dict()
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from attnres_export.exporter.foreign import ForeignExportResult, export_source, 
 from attnres_export.exporter.options import DEFAULT_OPSET, ExportOptions, validate_options
 from attnres_export.graphs.fusion import FusionResult, random_feeds
 from attnres_export.graphs.validate import validate_attnres_nodes
+from attnres_export.parity.check import check_artifacts
 from attnres_export.parity.fusion_checks import fuse_and_check
 from attnres_export.parity.report import Report
 
@@ -63,3 +66,21 @@ def fuse(model: onnx.ModelProto | str | Path, *, feeds: Mapping[str, np.ndarray]
     fusion, report = fuse_and_check(model, inputs, seed=seed, check=check)
     refuse_unfused(fusion, strict)
     return fusion, report
+
+
+def check(checkpoint: str | Path, onnx: Sequence[str | Path] = (), engines: Sequence[str | Path] = (), *,
+          shapes: Sequence[tuple[int, ...]] = (), seed: int = 0, tolerances: Mapping[str, Tolerance] | None = None,
+          ort_provider: str = "cpu", plugin: str | Path | None = None,
+          allow_engine_host_code: bool = False) -> Report:
+    """``attnres check``: every ONNX file (on ONNX Runtime) and TensorRT engine against the attnres checkpoint it
+    was exported from, on the same inputs; ``report.ok`` is False when an output missed its bar.
+
+    ``shapes`` are (batch, seq), or (batch, seq, past) for with-past graphs (default: two shapes inside the
+    exported ranges). A checkpoint that is not the one an artifact came from, or a shape outside its ranges,
+    raises ``attnres_export.errors.ParityError`` with one line naming the mismatch.
+    """
+    result = check_artifacts(Path(checkpoint), [Path(p) for p in onnx], [Path(p) for p in engines],
+                             shapes=[tuple(s) for s in shapes], seed=seed, tolerances=dict(tolerances or {}),
+                             ort_provider=ort_provider, plugin=Path(plugin) if plugin is not None else None,
+                             allow_engine_host_code=allow_engine_host_code)
+    return result.report

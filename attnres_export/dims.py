@@ -1,4 +1,5 @@
-"""``MIN:OPT:MAX`` ranges of the dynamic dims (batch, sequence), as TensorRT optimization profiles want them."""
+"""``MIN:OPT:MAX`` ranges of the dynamic dims (batch, sequence, past), as TensorRT optimization profiles want them,
+and the shapes a parity check runs inside them."""
 
 from __future__ import annotations
 
@@ -26,3 +27,16 @@ def check_shapes(ranges: dict[str, DimRange]) -> list[tuple[int, int]]:
     batch, seq = ranges["batch"], ranges["seq"]
     shapes = [(batch.opt, seq.opt), (batch.max, seq.min)]
     return list(dict.fromkeys(shapes))
+
+
+def check_shapes_with_past(ranges: dict[str, DimRange]) -> list[tuple[int, int, int]]:
+    """(batch, seq, past) shapes of a with-past check (ranges ``batch``, ``seq``, ``past``, ``total``): a prefill
+    at the optimum batch with at least 8 new tokens (past 0 when the range allows it, else its minimum), and a
+    decode step at the largest batch with the fewest new tokens after a prefill of the optimum past length (at
+    least 1)."""
+    batch, seq, past = ranges["batch"], ranges["seq"], ranges["past"]
+    total_max = ranges["total"].max
+    prefill = (batch.opt, min(max(seq.opt, 8), seq.max, total_max - past.min), past.min)
+    decode_past = min(max(past.opt, 1, past.min), past.max, total_max - seq.min)
+    decode = (batch.max, seq.min, decode_past)
+    return list(dict.fromkeys([prefill, decode]))

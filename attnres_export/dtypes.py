@@ -60,6 +60,15 @@ TENSORRT_TO_NAME: dict[str, str] = {
 INPUT_DTYPES = (*STORAGE_TYPES, "int64", "int32", "bool")
 """Dtypes an example input of a foreign model may have (``--example-shape NAME:dims:DTYPE``)."""
 
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""Short spellings other tools use (optimum-cli, trtexec), accepted wherever a storage type is named."""
+
+
+def canonical_dtype(name: str) -> str:
+    """``name`` with an alias replaced by the storage type it spells (``fp16`` -> ``float16``); other names as
+    they are, for the caller to check against its table."""
+    return DTYPE_ALIASES.get(name, name)
+
 
 def onnx_type_name(elem_type: int) -> str:
     """A readable name of any ONNX element type: ``float16``, ``int64``, ``unknown``."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from attnres_export.backends.base import Runner
+from attnres_export.backends.onnxruntime.providers import PROVIDERS
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeCudaRunner, OnnxRuntimeRunner
 from attnres_export.errors import ParityError
 from attnres_export.graphs.load import load_onnx
@@ -17,12 +18,17 @@ if TYPE_CHECKING:
     from attnres_export.backends.tensorrt.runner import TensorRTRunner
 
 
+def onnx_runner_class(provider: str = "cpu") -> type[OnnxRuntimeRunner]:
+    """The ONNX Runtime runner of ``provider`` (one of ``PROVIDERS``)."""
+    if provider not in PROVIDERS:
+        raise ParityError(f"--ort-provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
+    return dict(zip(PROVIDERS, (OnnxRuntimeRunner, OnnxRuntimeCudaRunner), strict=True))[provider]
+
+
 def onnx_runner(path: Path, provider: str = "cpu") -> tuple[Runner, str, onnx.ModelProto]:
     """An ONNX Runtime runner for ``path`` (``cpu`` or ``cuda``), its dtype, and the loaded model."""
+    runner_class = onnx_runner_class(provider)
     model = load_onnx(path)
-    runner_class = {"cpu": OnnxRuntimeRunner, "cuda": OnnxRuntimeCudaRunner}.get(provider)
-    if runner_class is None:
-        raise ParityError(f"--ort-provider {provider!r}: choose cpu or cuda")
     return runner_class(model, artifact=path.name), onnx_dtype(model), model
 
 

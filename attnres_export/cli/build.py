@@ -34,7 +34,7 @@ def build(
 
     opts = BuildOptions(
         onnx=onnx, output=output, plugin=plugin, batch=parse_range(batch, "batch"), seq=parse_range(seq, "seq"),
-        past=parse_range(past, "past", lowest=0), timing_cache=timing_cache, opt_level=opt_level,
+        past=parse_range(past, "past", low=0), timing_cache=timing_cache, opt_level=opt_level,
         embed_plugin=embed_plugin, workspace_mb=workspace,
     )
     engine = opts.resolved_output()

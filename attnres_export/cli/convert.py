@@ -9,7 +9,7 @@ import typer
 
 from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console, err_console
-from attnres_export.cli.options import file_size
+from attnres_export.cli.options import Target, file_size, require_files
 
 ORT_TRT_NOTE = (
     "for ONNX Runtime's TensorRT execution provider from ONNX Runtime 1.22 (earlier versions list no IPluginV3 "
@@ -21,15 +21,16 @@ ORT_TRT_NOTE = (
 @command(app)
 def convert(
     source: Annotated[Path, typer.Argument(help="ONNX file written by attnres-export (or attnres convert).")],
-    target: Annotated[str, typer.Option(help="portable, tensorrt or ort-trt.")],
+    target: Target,
     output: Annotated[Path, typer.Option("-o", "--output", help="ONNX file to write.")],
 ) -> None:
     """Rewrite an exported ONNX for another target (fused nodes <-> standard-op decomposition)."""
+    require_files([("SOURCE", source)])
+    check_outputs({"-o": output}, {"SOURCE": source})
     from attnres_export.graphs.load import load_onnx
     from attnres_export.graphs.save import save_onnx_atomic
     from attnres_export.graphs.targets import convert as convert_model
 
-    check_outputs({"-o": output}, {"SOURCE": source})
     files = save_onnx_atomic(convert_model(load_onnx(source), target), output)
     console.print(f"wrote [bold]{output}[/bold] ({file_size(files)}) for target {target}")
     if target == "ort-trt":

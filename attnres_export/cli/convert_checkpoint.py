@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from attnres_export.cli.framework import app, command, console
+from attnres_export.cli.options import require_files
 from attnres_export.errors import AttnresError
 
 
@@ -21,13 +22,14 @@ def convert_checkpoint(
     )] = None,
 ) -> None:
     """Write SOURCE as OUT_DIR/config.json + model.safetensors (or shards and their index)."""
+    if max_shard_mb is not None and not max_shard_mb > 0:
+        raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
+    require_files([("SOURCE", source)])
+    if out_dir.resolve() == source.resolve():
+        raise AttnresError(f"OUT_DIR {out_dir} is SOURCE; choose a new folder")
     from attnres_export.models import load_checkpoint
     from attnres_export.models.hf_folder import save_folder
 
-    if max_shard_mb is not None and not max_shard_mb > 0:
-        raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
-    if out_dir.resolve() == source.resolve():
-        raise AttnresError(f"OUT_DIR {out_dir} is SOURCE; choose a new folder")
     model, cfg = load_checkpoint(source)
     shard = int(max_shard_mb * (1 << 20)) if max_shard_mb else None
     files = save_folder(model.state_dict(), cfg, out_dir, shard)

@@ -1,4 +1,7 @@
-"""``attnres export`` / ``attnres-export``: checkpoint -> ONNX, then the parity check."""
+"""``attnres export`` / ``attnres-export``: checkpoint -> ONNX, then the parity check.
+
+Every option is parsed and every input path checked before torch or onnx is imported, so a mistake is one line
+within a fraction of a second (the imports take seconds)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,20 @@ from typing import Annotated
 import typer
 
 from attnres_export.atomic import check_outputs
-from attnres_export.cli.framework import app, command, console, err_console, export_app, fail
+from attnres_export.cli.framework import (
+    VersionOption,
+    app,
+    command,
+    console,
+    err_console,
+    export_app,
+    fail,
+    usage_error,
+)
 from attnres_export.cli.options import (
+    Dtype,
     ExampleShape,
+    ExportTarget,
     ReportPath,
     Seed,
     Strict,
@@ -18,23 +32,26 @@ from attnres_export.cli.options import (
     Vocab,
     file_size,
     parse_example_shapes,
-    parse_range,
     parse_tolerances,
+    range_option,
+    require_files,
 )
-from attnres_export.errors import AttnresError
+from attnres_export.dims import DimRange
+from attnres_export.exporter.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 
 
 @command(app, export_app, name="export")
 def export(
     model: Annotated[Path, typer.Argument(
-        help="attnres checkpoint (.pt), torch.export program (.pt2), ONNX file, or pickled module (--trust-pickle).")],
+        help="attnres checkpoint (.pt or folder), torch.export program (.pt2), ONNX file, or pickled module "
+             "(--trust-pickle).")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="ONNX file to write.")] = None,
-    target: Annotated[str, typer.Option(help="tensorrt (fused attnres nodes) or portable (standard ops).")] =
-    "tensorrt",
-    dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16 weights and activations.")] = "float32",
-    opset: Annotated[int, typer.Option(help="Default-domain ONNX opset (18..23).")] = 18,
-    batch: Annotated[str, typer.Option(help="Batch range MIN:OPT:MAX.")] = "1:1:8",
-    seq: Annotated[str | None, typer.Option(help="Sequence range MIN:OPT:MAX [1:64:max_seq_len].")] = None,
+    target: ExportTarget = "tensorrt",
+    dtype: Dtype = "float32",
+    opset: Annotated[int, typer.Option(min=SUPPORTED_OPSETS.start, max=SUPPORTED_OPSETS.stop - 1,
+                                       help="Default-domain ONNX opset.")] = DEFAULT_OPSET,
+    batch: Annotated[DimRange, range_option("Batch range.")] = "1:1:8",
+    seq: Annotated[DimRange | None, range_option("Sequence range [1:64:max_seq_len].")] = None,
     report: ReportPath = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Run the ONNX Runtime parity check.")] = True,
     seed: Seed = 0,
@@ -44,44 +61,49 @@ def export(
         "--trust-pickle", help="Unpickle a whole nn.Module (runs code from the file; only for files you trust).")] =
     False,
     imports: Annotated[list[str] | None, typer.Option(
-        "--import", help="Module to import before unpickling, for the model's classes (repeatable).")] = None,
+        "--import", help="Module to import before unpickling, for the model's classes (repeatable; the current "
+                         "folder is searched too).")] = None,
     vocab: Vocab = None,
     strict: Strict = False,
     with_past: Annotated[bool, typer.Option(
         "--with-past", help="attnres-lm: export the KV-cache graph (past_key_values in, presents out; docs/decode.md)."
     )] = False,
-    past: Annotated[str | None, typer.Option(
-        help="With --with-past: past length range MIN:OPT:MAX, MIN may be 0 [0:63:max_seq_len-1].")] = None,
+    past: Annotated[DimRange | None, range_option(
+        "With --with-past: past length range, MIN may be 0 [0:63:max_seq_len-1].", low=0)] = None,
     fuse_norm: Annotated[bool, typer.Option(
         "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
     genai: Annotated[Path | None, typer.Option(
         "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
                         "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
+    version: VersionOption = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
-    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
-    from attnres_export.exporter.export import export_any
-    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
-    from attnres_export.exporter.options import ExportOptions
-
     if report is not None and not check:
-        raise AttnresError("--report needs the parity check; drop --no-check or --report")
+        raise usage_error("--report", "--report needs the parity check; drop --no-check or --report")
+    require_files([("MODEL", model)])
     opts = ExportOptions(
-        source=model, output=output, target=target, dtype=dtype, opset=opset, batch=parse_range(batch, "batch"),
-        seq=parse_range(seq, "seq"), check=check, seed=seed, tolerances=parse_tolerances(tol),
-        with_past=with_past, past=parse_past_range(past), fuse_norm=fuse_norm,
+        source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
+        seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
     )
     if genai is not None:
-        from attnres_export.exporter.genai import export_genai, genai_options
+        from attnres_export.exporter.genai_options import genai_options
 
         opts = genai_options(opts, genai)
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
+
+    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.exporter.export import export_any
+    from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
+
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
     with console.status("exporting") as status:
-        progress = status.update
-        result = (export_any(opts, foreign, status=progress) if genai is None
-                  else export_genai(opts, genai, foreign, status=progress))
+        if genai is None:
+            result = export_any(opts, foreign, status=lambda text: status.update(text))
+        else:
+            from attnres_export.exporter.genai import export_genai
+
+            result = export_genai(opts, genai, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
         if (warning := unfused_warning(result.fusion)) is not None:
@@ -99,21 +121,3 @@ def export(
     if not result.report.ok:
         fail(f"parity check failed: an output missed its bar (see the table); the model was kept as {result.path} "
              f"for inspection, and {opts.resolved_output()} was not written")
-
-
-def parse_past_range(text: str | None):
-    """``--past MIN:OPT:MAX`` (or ``N``) where MIN may be 0: a prefill has no past."""
-    from attnres_export.cli.options import MAX_DIM
-    from attnres_export.dims import DimRange
-
-    if text is None:
-        return None
-    try:
-        values = [int(p) for p in text.split(":")]
-    except ValueError:
-        values = []
-    values = values * 3 if len(values) == 1 else values
-    if len(values) != 3 or not 0 <= values[0] <= values[1] <= values[2] or values[2] > MAX_DIM:
-        raise AttnresError(f"--past {text!r}: expected MIN:OPT:MAX with whole numbers, 0 <= MIN <= OPT <= MAX "
-                           f"<= {MAX_DIM}, e.g. 0:64:1023")
-    return DimRange(*values)

@@ -1,8 +1,9 @@
 """The ``attnres`` command line's one path: the typer apps, the consoles, and the ``command`` decorator that
 gives every command (``attnres plugin ...`` included) the same ``--debug`` option and the same error handling.
 
-An ``AttnresError`` (or any other failure) becomes one line on stderr and exit 1; a usage error one line and
-exit 2; Ctrl-C exit 130 and SIGTERM exit 143, both after the temporary files are removed (docs/security.md).
+An ``AttnresError`` (or any other failure) becomes one line on stderr and exit 1; a usage error (a parser's, or
+``usage_error`` raised by a command) one line and exit 2, under the console scripts and typer's test runner
+alike; Ctrl-C exit 130 and SIGTERM exit 143, both after the temporary files are removed (docs/security.md).
 ``--debug`` shows the traceback instead.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -18,29 +20,65 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
+from attnres_export import __version__
 from attnres_export.errors import AttnresError
 
 console = Console()
-if not console.is_terminal:
+if not console.is_terminal and "COLUMNS" not in os.environ:
     console = Console(width=160)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 _state: dict = {"debug": False, "signal": None}
 
+
+class _OneLineErrors:
+    """A usage error is one line and exit 2 wherever the command line runs: the console scripts (``run``, which
+    calls ``main`` in non-standalone mode and handles signals) and a standalone ``main`` (typer's test runner)."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:
+            code = _usage_error(exc)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class OneLineGroup(_OneLineErrors, TyperGroup):
+    pass
+
+
+class OneLineCommand(_OneLineErrors, TyperCommand):
+    pass
+
+
+_STYLE = {"pretty_exceptions_enable": False, "add_completion": False, "rich_markup_mode": None}
+"""One help style for every app (``attnres-export --help`` reads like ``attnres export --help``)."""
 app = typer.Typer(help="Export attention-residual transformers to ONNX/TensorRT, verified against PyTorch.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
-export_app = typer.Typer(help="Export an attnres checkpoint to ONNX.", pretty_exceptions_enable=False,
-                         add_completion=False)
+                  no_args_is_help=True, cls=OneLineGroup, **_STYLE)
+export_app = typer.Typer(help="Export an attnres checkpoint to ONNX.", **_STYLE)
 plugin_app = typer.Typer(help="Build and locate the CUDA/TensorRT plugin libraries.", no_args_is_help=True,
-                         pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
+                         cls=OneLineGroup, **_STYLE)
 app.add_typer(plugin_app, name="plugin")
 
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
 _DEBUG = inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOption)
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        console.print(f"attnres-export {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+VersionOption = Annotated[bool, typer.Option(
+    "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")]
+
+
 @app.callback()
-def _main(debug: DebugOption = False) -> None:
+def _main(debug: DebugOption = False, version: VersionOption = False) -> None:
     _state["debug"] = debug
 
 
@@ -58,7 +96,7 @@ def command(*apps: typer.Typer, name: str | None = None) -> Callable[[Callable],
             except KeyboardInterrupt:
                 _interrupted()
             except Exception as exc:
-                if _state["debug"]:
+                if _state["debug"] or _is_usage_error(exc):
                     raise
                 if _state["signal"] is not None:
                     _interrupted()
@@ -67,7 +105,7 @@ def command(*apps: typer.Typer, name: str | None = None) -> Callable[[Callable],
         signature = inspect.signature(fn, eval_str=True)
         run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), _DEBUG])
         for target in apps:
-            target.command(name)(run)
+            target.command(name, cls=OneLineCommand)(run)
         return run
 
     return register
@@ -102,13 +140,21 @@ def run(application: typer.Typer, prog_name: str) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _usage_error(exc: Exception) -> int:
-    """Print a command-line parser's error as one line and return its exit code (2); re-raise anything else.
+def _is_usage_error(exc: Exception) -> bool:
+    """A command-line parser's error, recognised by shape (``format_message`` and ``exit_code``), as click and the
+    copy of click typer vendors both raise them."""
+    return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)
 
-    Recognised by shape (``format_message`` and ``exit_code``), as click and the copy of click typer vendors
-    both raise them."""
+
+def usage_error(option: str, message: str) -> typer.BadParameter:
+    """A usage error (exit 2) found by a command itself, e.g. two options that exclude each other."""
+    return typer.BadParameter(message, param_hint=f"'{option}'")
+
+
+def _usage_error(exc: Exception) -> int:
+    """Print a command-line parser's error as one line and return its exit code (2); re-raise anything else."""
     code, ctx = getattr(exc, "exit_code", None), getattr(exc, "ctx", None)
-    if not callable(getattr(exc, "format_message", None)) or not isinstance(code, int):
+    if not _is_usage_error(exc):
         raise exc
     if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
         console.print(ctx.get_help())

@@ -19,33 +19,30 @@ import torch
 
 from attnres_export import __version__
 from attnres_export.atomic import check_outputs, temporary_dir_beside
-from attnres_export.backends.base import Runner
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
-from attnres_export.backends.pytorch.runner import TorchRunner
-from attnres_export.dims import DimRange, check_shapes
+from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
-from attnres_export.exporter.options import ExportOptions, ExportResult, failed_path, validate_options
+from attnres_export.exporter.options import (
+    ExportOptions,
+    ExportResult,
+    failed_path,
+    refuse_default_output_of_another_source,
+    validate_options,
+)
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models import load_checkpoint
-from attnres_export.models.base import WithPastFeeds, fingerprint
+from attnres_export.models.base import fingerprint
 from attnres_export.models.checkpoint import model_as, stored_as
 from attnres_export.models.registry import architecture_of
 from attnres_export.ops.opset import OPSET_VERSION
+from attnres_export.parity.check import ArtifactRun, References, default_shapes, judge_artifacts, reference_outputs
+from attnres_export.parity.feeds import checkpoint_subject
 from attnres_export.parity.metrics import tolerance_for
-from attnres_export.parity.report import FeedMaker, Report, run_checks, run_reference
-
-
-@dataclass
-class References:
-    """The PyTorch side of a parity check, computed before the ONNX side so the model can be released."""
-
-    feeds: dict[tuple[int, ...], dict[str, np.ndarray]]
-    expected: dict[tuple[int, ...], dict[str, np.ndarray]]
-    exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None
+from attnres_export.parity.report import Report
 
 
 @dataclass
@@ -60,8 +57,8 @@ class _Job:
     expected_nodes: int
     shapes: list[tuple[int, ...]]
     reference_model: Callable[[], torch.nn.Module]
-    checks: Callable[[torch.nn.Module], tuple[FeedMaker, Runner, Runner | None]]
-    """The feeds, the float32 reference runner and the float64 one (or None) of a reference model."""
+    with_past: bool
+    """Which graph the check feeds (parity/feeds.py: checkpoint_subject)."""
     report_extra: dict
 
 
@@ -75,6 +72,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     validate_options(opts)
     out = opts.resolved_output()
     check_outputs({"-o": out}, {"MODEL": opts.source})
+    refuse_default_output_of_another_source(opts)
     status(f"loading {opts.source}")
     job = _job(*_models(opts), opts)
     with temporary_dir_beside(out) as folder:
@@ -89,11 +87,11 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         del graph
         report = None
         if opts.check:
-            references = _reference_outputs(job, status)
-            shapes, report_extra = job.shapes, job.report_extra
+            references = _reference_outputs(job, opts, status)
+            report_extra = job.report_extra
             del job
             gc.collect()
-            report = _check_staged(stage.path, out.name, shapes, references, opts, status)
+            report = _check_staged(stage.path, out.name, references, opts, status)
             report.extra.update(report_extra)
         target = out if report is None or report.ok else failed_path(out)
         status(f"checking and writing {target}")
@@ -135,29 +133,15 @@ def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module]
     inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
     dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
                for name, axes in traced.input_axes.items()}
-
-    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
-        def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-            return model.random_inputs(shape[0], shape[1], np.random.default_rng([opts.seed, *shape]))
-
-        names = list(model.output_names)
-        return feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64")
-
-    metadata = {"arch": cfg.arch, "inputs": inputs, "model_id": model_id}
-    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, metadata,
-                traced.fused_node_count(), check_shapes(ranges), reference_model, checks, {})
+    metadata = {"arch": cfg.arch, "inputs": inputs, "config": cfg.to_dict(), "model_id": model_id}
+    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, metadata, traced.fused_node_count(),
+                _check_shapes(ranges, False), reference_model, False, {})
 
 
 def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any,
                    model_id: str, opts: ExportOptions) -> _Job:
-    from attnres_export.exporter.with_past import (
-        check_shapes_with_past,
-        dynamic_dims_with_past,
-        export_with_past,
-        past_feed_maker,
-        with_past_ranges,
-    )
-    from attnres_export.models.base import step_input_axes, step_output_names
+    from attnres_export.exporter.with_past import dynamic_dims_with_past, export_with_past, with_past_ranges
+    from attnres_export.models.base import step_input_axes
 
     wrapper = traced.with_past()
     if wrapper is None:
@@ -168,19 +152,18 @@ def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.
     metadata = {"arch": cfg.arch, "with_past": True, "inputs": step_input_axes(cache),
                 "cache": [{"name": c.name, "present": c.present, "axes": list(c.axes), "dtype": c.dtype}
                           for c in cache],
-                "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "model_id": model_id,
-                **wrapper.metadata()}
+                "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "config": cfg.to_dict(),
+                "model_id": model_id, **wrapper.metadata()}
     dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
-
-    def checks(model: torch.nn.Module) -> tuple[FeedMaker, Runner, Runner | None]:
-        reference = model.with_past()
-        return (past_feed_maker(reference, opts.dtype, opts.seed),
-                TorchRunner(WithPastFeeds(reference), step_output_names(reference.cache_inputs())), None)
-
     return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
                                                  opts.fuse_norm)[0], dynamic,
-                metadata, traced.fused_node_count(), check_shapes_with_past(ranges), reference_model, checks,
+                metadata, traced.fused_node_count(), _check_shapes(ranges, True), reference_model, True,
                 {"with_past": True, "shapes": "batch x seq x past"})
+
+
+def _check_shapes(ranges: dict[str, DimRange], with_past: bool) -> list[tuple[int, ...]]:
+    """The shapes the export's check runs: those ``attnres check`` picks for the ranges written into the file."""
+    return default_shapes({name: rng.as_list() for name, rng in ranges.items()}, with_past)
 
 
 def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportOptions,
@@ -194,7 +177,8 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportO
         raise ExportError(f"expected {expected} attnres nodes, the export has {fused} ({fused_by_type}); "
                           "please report this")
     meta = {"attnres_version": __version__, "op_set_version": OPSET_VERSION, "dtype": opts.dtype,
-            "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()}, **extra_meta}
+            "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()},
+            "source_file": opts.source.name, **extra_meta}
     set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
     if fused:
         onnx_model = convert(onnx_model, opts.target)
@@ -205,29 +189,22 @@ def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
                  status: Callable[[str], None] = lambda _: None) -> Report:
     """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
     job = _job(model, lambda: model, model.config, fingerprint(model), opts)
-    return _check_staged(path, path.name, job.shapes, _reference_outputs(job, status), opts, status)
+    return _check_staged(path, path.name, _reference_outputs(job, opts, status), opts, status)
 
 
-def _reference_outputs(job: _Job, status: Callable[[str], None]) -> References:
-    """The PyTorch outputs (float32, and float64 when the job has it) at every check shape, with their feeds."""
-    status("parity: PyTorch references")
-    make_feeds, reference, precise = job.checks(job.reference_model())
-    feeds = {shape: make_feeds(shape) for shape in job.shapes}
-    expected = run_reference(reference, job.shapes, feeds.__getitem__)
-    exact = run_reference(precise, job.shapes, feeds.__getitem__) if precise is not None else None
-    return References(feeds, expected, exact)
+def _reference_outputs(job: _Job, opts: ExportOptions, status: Callable[[str], None]) -> References:
+    """Step 1 of the check (parity/check.py), on the reference model of ``job`` at its check shapes."""
+    subject = checkpoint_subject(job.reference_model(), job.with_past, opts.dtype, opts.seed)
+    return reference_outputs(subject, job.shapes, lambda what: status(f"parity: {what}"))
 
 
-def _check_staged(path: Path, artifact: str, shapes: list[tuple[int, ...]], references: References,
-                  opts: ExportOptions, status: Callable[[str], None]) -> Report:
-    """Run the staged ONNX on ONNX Runtime CPU against the PyTorch outputs: against float64 PyTorch at a bar that
-    scales with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars), else
-    against float32 PyTorch."""
-    runner = OnnxRuntimeRunner(path, artifact=artifact)
-    tol = tolerance_for(opts.dtype, opts.tolerances)
-    return run_checks(None, [(runner, opts.dtype, tol)], shapes, references.feeds.__getitem__,
-                      progress=lambda what: status(f"parity: {what}"), expected=references.expected,
-                      exact=references.exact)
+def _check_staged(path: Path, artifact: str, references: References, opts: ExportOptions,
+                  status: Callable[[str], None]) -> Report:
+    """Step 2 of the check: the staged ONNX on ONNX Runtime CPU against the PyTorch outputs, at a bar that scales
+    with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars)."""
+    run = ArtifactRun(lambda: OnnxRuntimeRunner(path, artifact=artifact), opts.dtype,
+                      tolerance_for(opts.dtype, opts.tolerances), references)
+    return judge_artifacts([run], lambda what: status(f"parity: {what}"))
 
 
 def _export(model: torch.nn.Module, ranges: dict[str, DimRange],

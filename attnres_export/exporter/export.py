@@ -18,7 +18,12 @@ from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.foreign import ForeignOptions, export_source, load_foreign
-from attnres_export.exporter.options import ExportOptions, ExportResult, validate_options
+from attnres_export.exporter.options import (
+    ExportOptions,
+    ExportResult,
+    refuse_default_output_of_another_source,
+    validate_options,
+)
 
 
 def model_kind(path: Path) -> str:
@@ -54,6 +59,7 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
                           f"{opts.source.name} is a foreign model ({kind}); drop --fuse-norm")
     validate_options(opts)
     check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.source})
+    refuse_default_output_of_another_source(opts)
     if opts.dtype != "float32" and kind == "onnx":
         raise ExportError("--dtype: an ONNX file is exported in its own precision; export the source model in "
                           f"{opts.dtype} (or give attnres-export its .pt2 program) to change it")

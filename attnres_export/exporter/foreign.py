@@ -6,11 +6,14 @@ pattern (attnres_export.graphs.fusion) and checked against the unfused graph on 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
 import logging
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +47,9 @@ PICKLE_RISK = (
 class ForeignOptions:
     """What a foreign model needs besides ExportOptions."""
 
-    example_shapes: dict[str, tuple[list[int], str]] = field(default_factory=dict)
-    """NAME -> (shape, dtype) of example inputs, from ``--example-shape NAME:d0,d1[:DTYPE]``."""
+    example_shapes: dict[str, tuple[list[int], str | None]] = field(default_factory=dict)
+    """NAME -> (shape, dtype) of example inputs, from ``--example-shape NAME:d0,d1[:DTYPE]`` (dtype None: not
+    given; ``example_input_dtype`` picks it from the name)."""
     trust_pickle: bool = False
     strict: bool = False
     """Fail (and write nothing) when a depth aggregation is left unfused."""
@@ -72,7 +76,7 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     fused = sum(fusion.fused_by_op.values())
     set_metadata(model, EXPORT_KEY, json.dumps({"attnres_version": __version__, "dtype": opts.dtype,
                                                  "target": opts.target, "source": source.kind,
-                                                 "fused": fused}))
+                                                 "source_file": opts.source.name, "fused": fused}))
     if opts.target != "tensorrt":
         model = convert(model, opts.target)
     report = None
@@ -132,10 +136,7 @@ def load_foreign(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> For
             feeds = random_feeds(model, opts.seed, shapes, foreign.vocab)
         return ForeignSource("program", model, feeds, "the PyTorch program",
                              _torch_reference(program.module(), model, len(args), list(kwargs)))
-    module = load_pickled_module(path, foreign)
-    kwargs = _example_inputs(foreign, _vocab(module, foreign), opts.seed)
-    dynamic = {name: dict.fromkeys(range(t.dim()), torch.export.Dim.AUTO) for name, t in kwargs.items()}
-    return module_source(module, (), kwargs, dynamic, opts.opset, opts.dtype)
+    return _pickled_module_source(load_pickled_module(path, foreign), foreign, opts)
 
 
 def module_source(module: nn.Module, args: tuple, kwargs: dict, dynamic: dict | None, opset: int,
@@ -217,24 +218,55 @@ def load_program(path: Path, trust_pickle: bool = False) -> torch.export.Exporte
 
 
 def load_pickled_module(path: Path, foreign: ForeignOptions) -> nn.Module:
-    """Unpickle a whole nn.Module, only when the user said they trust the file."""
+    """Unpickle a whole nn.Module, only when the user said they trust the file. The current folder is importable
+    while the ``--import`` modules load and the file is unpickled (a console script's ``sys.path`` lacks it, where
+    ``python -m`` has it), so a class defined in a module beside the user is found."""
     if not foreign.trust_pickle:
         raise ExportError(f"{path}: {PICKLE_RISK}")
-    for name in foreign.imports:
+    with _current_folder_importable():
+        for name in foreign.imports:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise ExportError(f"--import {name}: {exc} (looked in the current folder {Path.cwd()} and "
+                                  "sys.path; run from the folder that holds the module, or add its folder to "
+                                  "PYTHONPATH)") from exc
         try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ExportError(f"--import {name}: {exc}") from exc
-    try:
-        module = torch.load(path, map_location="cpu", weights_only=False)
-    except (AttributeError, ModuleNotFoundError) as exc:
-        raise ExportError(f"{path}: cannot unpickle ({exc}); pass --import MODULE for the model's classes") from exc
+            module = torch.load(path, map_location="cpu", weights_only=False)
+        except (AttributeError, ModuleNotFoundError) as exc:
+            raise ExportError(f"{path}: cannot unpickle ({exc}); pass --import MODULE for the model's classes (looked "
+                              f"up in the current folder {Path.cwd()} and sys.path)") from exc
     if not isinstance(module, nn.Module):
         raise ExportError(f"{path}: holds a {type(module).__name__}, not a torch.nn.Module")
     if not foreign.example_shapes:
         raise ExportError(f"{path}: a pickled module needs example inputs: --example-shape NAME:d0,d1[:DTYPE] "
                           "for each forward argument (e.g. input_ids:2,16:int64)")
     return module.eval().float()
+
+
+@contextlib.contextmanager
+def _current_folder_importable() -> Iterator[None]:
+    folder = str(Path.cwd())
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+INDEX_NAME = re.compile(r"(^|_)(ids?|idx|index|indices|positions?|tokens?|mask)($|_)", re.IGNORECASE)
+"""Input names that hold indices (token ids, positions) or an attention mask, which models take as int64."""
+
+
+def example_input_dtype(name: str, dtype: str | None) -> str:
+    """The dtype of an example input: the one given, else int64 for a name that reads as indices or a mask
+    (``input_ids``, ``position_ids``, ``attention_mask``), else float32."""
+    if dtype is not None:
+        return dtype
+    return "int64" if INDEX_NAME.search(name) else "float32"
 
 
 def _vocab(module: nn.Module, foreign: ForeignOptions) -> int:
@@ -247,8 +279,8 @@ def _vocab(module: nn.Module, foreign: ForeignOptions) -> int:
 def _example_inputs(foreign: ForeignOptions, vocab: int, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     inputs = {}
-    for name, (dims, dtype) in foreign.example_shapes.items():
-        input_dtype = getattr(torch, dtype)
+    for name, (dims, given) in foreign.example_shapes.items():
+        input_dtype = getattr(torch, example_input_dtype(name, given))
         if input_dtype.is_floating_point:
             inputs[name] = torch.randn(dims, generator=generator).to(input_dtype)
         elif input_dtype == torch.bool:
@@ -256,6 +288,23 @@ def _example_inputs(foreign: ForeignOptions, vocab: int, seed: int) -> dict[str,
         else:
             inputs[name] = torch.randint(0, vocab, dims, generator=generator, dtype=input_dtype)
     return inputs
+
+
+def _pickled_module_source(module: nn.Module, foreign: ForeignOptions, opts: ExportOptions) -> ForeignSource:
+    """The pickled module exported on its example inputs; when it fails on them and a dtype was picked from an
+    input's name rather than given, the error says how to spell it."""
+    kwargs = _example_inputs(foreign, _vocab(module, foreign), opts.seed)
+    dynamic = {name: dict.fromkeys(range(t.dim()), torch.export.Dim.AUTO) for name, t in kwargs.items()}
+    try:
+        return module_source(module, (), kwargs, dynamic, opts.opset, opts.dtype)
+    except ExportError as exc:
+        picked = [f"{name}:{','.join(map(str, dims))}:{example_input_dtype(name, None)}"
+                  for name, (dims, given) in foreign.example_shapes.items() if given is None]
+        if not picked:
+            raise
+        raise ExportError(f"{exc} (the example inputs {', '.join(picked)} had no :DTYPE and were given the dtype "
+                          "shown; if the module wants another, spell it, e.g. --example-shape input_ids:2,16:int64 "
+                          "or x:2,16:float32)") from exc
 
 
 def _onnx_with_feeds(model, args: tuple, kwargs: dict, dynamic: dict | None,

@@ -24,34 +24,15 @@ from attnres_export.errors import ExportError
 from attnres_export.exporter.export import export_any
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_config import genai_config
+from attnres_export.exporter.genai_options import CONFIG_FILE, MODEL_FILE, genai_options
 from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import export_info
 
-MODEL_FILE = "model.onnx"
-CONFIG_FILE = "genai_config.json"
-DTYPES = ("float32", "float16")
-"""Storage types ONNX Runtime's CPU provider computes in (bfloat16 has no CPU kernels)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
                    "chat_template.json")
 """What ``transformers``' ``save_pretrained`` writes for a tokenizer and onnxruntime-genai's tokenizer reads."""
-
-
-def genai_options(opts: ExportOptions, folder: Path) -> ExportOptions:
-    """``opts`` for the ONNX inside ``folder``, after refusing in one line what cannot run under onnxruntime-genai."""
-    if not opts.with_past:
-        raise ExportError("--genai needs --with-past: onnxruntime-genai runs the KV-cache graph; add --with-past")
-    if opts.target != "portable":
-        raise ExportError(f"--genai needs --target portable: the {opts.target} target keeps fused attnres nodes, "
-                          "which need a native custom-op library onnxruntime-genai cannot load yet")
-    if opts.dtype not in DTYPES:
-        raise ExportError(f"--genai: --dtype {opts.dtype} has no kernels on ONNX Runtime's CPU provider; export "
-                          f"{' or '.join(DTYPES)}")
-    if opts.output not in (None, Path(folder) / MODEL_FILE):
-        raise ExportError(f"-o and --genai: the ONNX goes into the folder as {MODEL_FILE}; drop -o")
-    _check_folder(Path(folder), opts.source)
-    return replace(opts, output=Path(folder) / MODEL_FILE)
 
 
 def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
@@ -80,18 +61,6 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
         result.report.extra.update({"onnx": str(folder / MODEL_FILE), "genai": str(folder),
                                     "genai_tokens": _summary(defaults)})
     return replace(result, path=folder, files=sorted(folder.iterdir()))
-
-
-def _check_folder(folder: Path, source: Path) -> None:
-    """The folder is new, empty or an onnxruntime-genai folder (replaced), and holds no input."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ExportError(f"--genai {folder} is not a folder (a file or a link); choose a folder path")
-    resolved, model = folder.resolve(), Path(source).resolve()
-    if model == resolved or resolved in model.parents:
-        raise ExportError(f"--genai {folder} holds MODEL {source}; choose a folder outside it")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / CONFIG_FILE).is_file():
-        raise ExportError(f"--genai {folder} exists and is not an onnxruntime-genai folder (no {CONFIG_FILE}); "
-                          "choose a new folder or empty it")
 
 
 def _write_config(folder: Path, config: dict) -> None:

@@ -1,4 +1,8 @@
-"""What an export is asked for and what it returns, checked before any model is read."""
+"""What an export is asked for and what it returns, checked before any model is read.
+
+The command line builds these options before it imports torch or onnx, so this module imports neither at the
+top (docs/architecture.md: a mistake surfaces before heavy imports).
+"""
 
 
 from __future__ import annotations
@@ -6,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import STORAGE_TYPES, Tolerance
-from attnres_export.errors import ExportError
-from attnres_export.graphs.save import save_onnx_atomic
-from attnres_export.parity.report import Report
+from attnres_export.errors import ExportError, GraphError
+from attnres_export.graphs.target_names import EXPORT_TARGETS
+
+if TYPE_CHECKING:
+    import onnx
+
+    from attnres_export.parity.report import Report
 
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = range(18, 24)
@@ -57,14 +64,39 @@ class ExportResult:
 
 
 def validate_options(opts: ExportOptions) -> None:
-    if opts.target not in ("tensorrt", "portable"):
-        raise ExportError(f"--target {opts.target!r}: choose tensorrt or portable (ort-trt: `attnres convert`)")
+    """The options of a Python caller, checked as the command line checks its own (the same tables)."""
+    if opts.target not in EXPORT_TARGETS:
+        raise ExportError(f"--target {opts.target!r}: choose one of {', '.join(EXPORT_TARGETS)} (ort-trt: "
+                          "`attnres convert`)")
     if opts.dtype not in STORAGE_TYPES:
         raise ExportError(f"--dtype {opts.dtype!r}: choose one of {', '.join(STORAGE_TYPES)}")
     if opts.opset not in SUPPORTED_OPSETS:
         raise ExportError(
             f"--opset {opts.opset}: supported are {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
         )
+
+
+def refuse_default_output_of_another_source(opts: ExportOptions) -> None:
+    """Two model files can share a default output (``mine.onnx`` and ``mine.pt2`` both give
+    ``mine.tensorrt.onnx``): without ``-o``, an existing default output that records another source file is
+    refused rather than replaced."""
+    if opts.output is not None:
+        return
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from attnres_export.graphs.metadata import export_info
+
+    out = opts.resolved_output()
+    if not out.is_file():
+        return
+    try:
+        recorded = export_info(onnx.load(str(out), load_external_data=False)).get("source_file")
+    except (DecodeError, OSError, ValueError, GraphError):
+        return  # a file that is not a readable export says nothing about its source
+    if recorded is not None and recorded != opts.source.name:
+        raise ExportError(f"{out} exists and was exported from {recorded}, not {opts.source.name} (both default to "
+                          f"this output); pass -o to choose where to write (-o {out} replaces it)")
 
 
 def failed_path(out: Path) -> Path:
@@ -76,6 +108,8 @@ def publish(model: onnx.ModelProto, out: Path, report: Report | None,
             status: Callable[[str], None]) -> tuple[Path, list[Path]]:
     """Write ``model`` to ``out`` when its check passed (or did not run), else to ``OUT.failed.onnx``: a model
     that failed its check never replaces a good file (docs/security.md)."""
+    from attnres_export.graphs.save import save_onnx_atomic
+
     target = out if report is None or report.ok else failed_path(out)
     status(f"checking and writing {target}")
     return target, save_onnx_atomic(model, target)

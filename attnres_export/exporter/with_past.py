@@ -10,20 +10,18 @@ specialises sizes 0 and 1, so the graph is traced at a past length of at least 2
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
 import onnx_ir as ir
 import torch
 
-from attnres_export.backends.pytorch.runner import read_as
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
 from attnres_export.graphs.schemas import register_schemas
-from attnres_export.models.base import WithPastModel, empty_past, step_input_axes, step_output_names
+from attnres_export.models.base import WithPastModel, step_input_axes, step_output_names
 from attnres_export.models.checkpoint import model_as
 
 DIM_NAMES = ("batch", "seq", "past", "total")
@@ -102,51 +100,3 @@ def dynamic_dims_with_past(axes: dict[str, list[str | int]], ranges: dict[str, D
 
 def _dim(name: str, rng: DimRange):
     return None if rng.min == rng.max else torch.export.Dim(name, min=rng.min, max=rng.max)
-
-
-def check_shapes_with_past(ranges: dict[str, DimRange]) -> list[tuple[int, int, int]]:
-    """(batch, seq, past) shapes of the export check: a prefill at the optimum batch with at least 8 new tokens
-    (past 0 when the range allows it, else its minimum), and a decode step at the largest batch with the fewest
-    new tokens after a prefill of the optimum past length (at least 1)."""
-    batch, seq, past = ranges["batch"], ranges["seq"], ranges["past"]
-    total_max = ranges["total"].max
-    prefill = (batch.opt, min(max(seq.opt, 8), seq.max, total_max - past.min), past.min)
-    decode_past = min(max(past.opt, 1, past.min), past.max, total_max - seq.min)
-    decode = (batch.max, seq.min, decode_past)
-    return list(dict.fromkeys([prefill, decode]))
-
-
-def past_feed_maker(reference: WithPastModel, dtype: str, seed: int
-                    ) -> Callable[[tuple[int, ...]], dict[str, np.ndarray]]:
-    """Feeds for a (batch, seq, past) shape: the past comes from a float32 PyTorch prefill of ``past`` random
-    tokens (then stored in ``dtype`` as ONNX Runtime takes it), the new tokens follow it at positions
-    ``past .. past + seq - 1``."""
-    cfg = reference.config
-
-    def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-        b, t, p = shape
-        rng = np.random.default_rng([seed, *shape])
-        ids = rng.integers(0, cfg.vocab_size, size=(b, p + t), dtype=np.int64)
-        cache = reference.cache_inputs()
-        past = empty_past(cache, b)
-        if p:
-            with torch.inference_mode(), read_as(reference, torch.float32):
-                out = reference(torch.from_numpy(ids[:, :p]), torch.ones(b, p, dtype=torch.int64),
-                                torch.arange(p)[None].expand(b, p), past)
-            past = list(out[1:])
-        named = {c.name: past_array(tensor, dtype if c.dtype == "model" else c.dtype)
-                 for c, tensor in zip(cache, past, strict=True)}
-        return {"input_ids": ids[:, p:], "attention_mask": np.ones((b, p + t), np.int64),
-                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy(), **named}
-
-    return feeds
-
-
-def past_array(tensor: torch.Tensor, dtype: str) -> np.ndarray:
-    """A cache tensor as ONNX Runtime takes it for a ``dtype`` model: float16 as float16, bfloat16 rounded to
-    bfloat16 and held in float32 (the CPU check runs bfloat16 models through a float32 emulation)."""
-    if dtype == "float16":
-        return tensor.to(torch.float16).numpy()
-    if dtype == "bfloat16":
-        return tensor.to(torch.bfloat16).float().numpy()
-    return tensor.float().numpy()

@@ -19,13 +19,13 @@ from attnres_export.graphs.onnx_utils import (
     set_metadata,
     unique_namer,
 )
+from attnres_export.graphs.target_names import TARGETS
 from attnres_export.graphs.types import value_types
 from attnres_export.graphs.validate import validate_attnres_nodes
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.onnx_nodes import attribute
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION, ORT_TRT_DOMAIN
 
-TARGETS = ("tensorrt", "portable", "ort-trt")
 PORTABLE_KEY = "attnres.portable_nodes"
 """Model metadata listing the fused nodes a portable model decomposed, so it can be converted back.
 

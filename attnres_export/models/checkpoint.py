@@ -161,8 +161,12 @@ def _check_sizes_before_building(cfg: Any, state: dict, path: Path) -> None:
     layers = {int(key[len(prefix):].split(".")[0]) for key in state if isinstance(key, str)
               and key.startswith(prefix) and key[len(prefix):].split(".")[0].isdigit()}
     if len(layers) != cfg.n_layers or layers != set(range(len(layers))):
+        beyond = sorted(key for key in state if isinstance(key, str) and key.startswith(prefix)
+                        and key[len(prefix):].split(".")[0].isdigit()
+                        and int(key[len(prefix):].split(".")[0]) >= cfg.n_layers)
+        named = f" ({beyond[0]} is past the last)" if beyond else ""
         raise CheckpointError(f"{path}: config says n_layers={cfg.n_layers} but the state_dict holds "
-                              f"{len(layers)} layers; fix the config or the weights")
+                              f"{len(layers)} layers{named}; fix the config or the weights")
     if cfg.max_seq_len > MAX_SEQ_LEN:
         raise CheckpointError(f"{path}: config max_seq_len {cfg.max_seq_len} is over {MAX_SEQ_LEN}; lower it")
     for key, fields in model_type.STATE_SIZE_KEYS.items():

@@ -34,25 +34,36 @@ class Architecture:
     name: str
     """The ``arch`` of a checkpoint config and of ``attnres example --arch``."""
     summary: str
-    module: str
-    """Import path of the family's module, which defines the classes below."""
-    model_class: str
-    config_class: str
+    model: str
+    """``module:Class`` of the model (imported on use)."""
+    config: str
+    """``module:Class`` of its config: a frozen dataclass with ``arch``, ``vocab_size``, ``max_seq_len``,
+    ``from_dict``, ``to_dict`` and ``describe`` (``models/config.py:FamilyConfig`` gives them)."""
     capabilities: Capabilities
     hf_model_types: tuple[str, ...] = ()
     """Hugging Face ``model_type`` values whose folders this family reads (docs/models.md#checkpoint-folders)."""
     hf_architecture: str = ""
     """The ``architectures`` entry written into a folder of ours."""
+    hf_reader: str = ""
+    """``module:function`` turning a Hugging Face folder's ``(config.json dict, tensors, where)`` into ``(our
+    config dict, state_dict)`` for the checkpoint loader; needed when ``hf_model_types`` is not empty."""
+    example_folder: str = ""
+    """``module:function`` writing a tiny random folder of one of ``hf_model_types`` (``attnres example``)."""
     aliases: tuple[str, ...] = field(default=())
 
-    def _module(self) -> Any:
-        return importlib.import_module(self.module)
-
     def config_type(self) -> type:
-        return getattr(self._module(), self.config_class)
+        return _resolve(self.config)
 
     def model_type(self) -> type:
-        return getattr(self._module(), self.model_class)
+        return _resolve(self.model)
+
+    def read_hf(self, config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
+        return _resolve(self.hf_reader)(config, tensors, where)
+
+    def write_example_folder(self, hf_type: str, out_dir: Any, seed: int, block_size: int | None,
+                             layers: int | None) -> tuple[Any, dict, int]:
+        """``(folder, config, parameter count)`` of a tiny random ``hf_type`` folder."""
+        return _resolve(self.example_folder)(hf_type, out_dir, seed, block_size, layers)
 
     def build(self, cfg: Any) -> Any:
         """A model of ``cfg`` with default-initialised weights (under ``torch.device("meta")``: none allocated)."""
@@ -64,19 +75,37 @@ ARCHITECTURES: dict[str, Architecture] = {
     for arch in (
         Architecture(
             name="attnres-lm", summary="decoder LM with AttnRes (Full/Block) or standard residuals",
-            module="attnres_export.models.attnres_lm", model_class="AttnResLM", config_class="AttnResLMConfig",
+            model="attnres_export.models.attnres_lm:AttnResLM",
+            config="attnres_export.models.attnres_lm:AttnResLMConfig",
             capabilities=Capabilities(with_past=True, fuse_norm=True, ops=("AttnResAggregate", "AttnResAggregateNorm"),
                                       generates_text=True),
             hf_architecture="AttnResLM",
         ),
         Architecture(
             name="realformer", summary="BERT-style encoder with residual attention scores",
-            module="attnres_export.models.realformer", model_class="RealFormer", config_class="RealFormerConfig",
+            model="attnres_export.models.realformer:RealFormer",
+            config="attnres_export.models.realformer:RealFormerConfig",
             capabilities=Capabilities(ops=("ResidualScoreAttention",)),
             hf_architecture="RealFormer",
         ),
+        Architecture(
+            name="decoder-lm", summary="the decoder bodies people deploy (Llama, Qwen2, Qwen3, Qwen3-MoE, "
+                                      "DeepSeek-V3), with or without Kimi K3's Attention Residuals",
+            model="attnres_export.models.decoder.model:DecoderLM",
+            config="attnres_export.models.decoder.config:DecoderConfig",
+            capabilities=Capabilities(with_past=True, fuse_norm=True, ops=("AttnResAggregate", "AttnResAggregateNorm"),
+                                      generates_text=True),
+            hf_model_types=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
+            hf_reader="attnres_export.models.decoder.folder:read_hf",
+            example_folder="attnres_export.models.decoder.example:write_example_folder",
+        ),
     )
 }
+
+
+def _resolve(target: str) -> Any:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def architecture(name: str) -> Architecture:
@@ -94,6 +123,19 @@ def architecture_of(model: Any) -> Architecture:
 
 def for_hf_model_type(model_type: str) -> Architecture | None:
     return next((a for a in ARCHITECTURES.values() if model_type in a.hf_model_types), None)
+
+
+def hf_model_types() -> list[str]:
+    """Every Hugging Face ``model_type`` some family reads."""
+    return [t for a in ARCHITECTURES.values() for t in a.hf_model_types]
+
+
+def for_example(name: str) -> tuple[Architecture, str | None]:
+    """``attnres example --arch NAME``: an architecture, or a Hugging Face family (``llama``...) and its entry."""
+    family = for_hf_model_type(name.replace("-", "_"))
+    if family is not None and family.example_folder:
+        return family, name.replace("-", "_")
+    return architecture(name), None
 
 
 def config_from_dict(raw: Any) -> Any:

@@ -19,9 +19,11 @@ import onnx
 from attnres_export.ops.decompose_aggregate import decompose_aggregate
 from attnres_export.ops.decompose_aggregate_norm import decompose_aggregate_norm
 from attnres_export.ops.decompose_attention import decompose_residual_attention
+from attnres_export.ops.decompose_kimi_delta import decompose_kimi_delta
 from attnres_export.ops.numpy_ref import (
     attnres_aggregate_norm_numpy,
     attnres_aggregate_numpy,
+    kimi_delta_attention_numpy,
     residual_score_attention_numpy,
 )
 from attnres_export.ops.onnx_nodes import Fresh, attribute
@@ -29,6 +31,7 @@ from attnres_export.ops.opset import (
     AGGREGATE,
     AGGREGATE_NORM,
     DOMAIN,
+    KIMI_DELTA_ATTENTION,
     MAX_SOURCES,
     ORT_TRT_DOMAIN,
     PLUGIN_NAMESPACE,
@@ -101,6 +104,10 @@ class OpDescriptor:
     """Most tensors the variadic input takes."""
     min_opset: int = 17
     """Lowest default-domain opset the decomposition is written for."""
+    has_plugin: bool = True
+    """Whether ``attnres_export/plugins/`` holds a TensorRT plugin for the op. An op without one is complete
+    everywhere else: the ``tensorrt`` target still writes its node (for the plugin to come), the references and
+    the ``portable`` decomposition run it, and ``attnres build`` refuses it by name."""
 
     @property
     def variadic(self) -> InputSpec | None:
@@ -335,6 +342,35 @@ def _attention_shapes(shapes: list[Shape]) -> str | None:
     return None
 
 
+def _kimi_delta_translation(op, plugin: dict[str, str]):
+    def translate(q, k, v, g, beta, initial_state, scale: float, l2norm_eps: float):
+        """One node with two outputs: the tokens' outputs and the state after them."""
+        return op(q, k, v, g, beta, initial_state, scale=scale, l2norm_eps=l2norm_eps, **plugin)
+
+    return translate
+
+
+def _kimi_delta_shapes(shapes: list[Shape]) -> str | None:
+    q, k, v, g, beta, state = shapes
+    ranks = {"q": (q, 4), "k": (k, 4), "v": (v, 4), "g": (g, 4), "beta": (beta, 3), "initial_state": (state, 4)}
+    wrong = [f"{name} has rank {len(shape)}, not {rank}" for name, (shape, rank) in ranks.items()
+             if shape is not None and len(shape) != rank]
+    if wrong:
+        return "; ".join(wrong) + " (q, k, g [B,T,H,dk], v [B,T,H,dv], beta [B,T,H], initial_state [B,H,dk,dv])"
+    dims: dict[str, set[int]] = {}
+    layout = {"q": "BTHK", "k": "BTHK", "g": "BTHK", "v": "BTHV", "beta": "BTH", "initial_state": "BHKV"}
+    for name, letters in layout.items():
+        shape = ranks[name][0]
+        for letter, dim in zip(letters, shape or (), strict=False):
+            if dim is not None and letter != "T":
+                dims.setdefault(letter, set()).add(dim)
+    clash = {letter: sorted(values) for letter, values in dims.items() if len(values) > 1}
+    if clash:
+        return ("the shapes do not fit q, k, g [B,T,H,dk], v [B,T,H,dv], beta [B,T,H], initial_state [B,H,dk,dv]: "
+                + ", ".join(f"{letter} is {' and '.join(map(str, values))}" for letter, values in clash.items()))
+    return None
+
+
 AGGREGATE_OP = OpDescriptor(
     op_type=AGGREGATE,
     torch_op="attnres::aggregate",
@@ -407,7 +443,37 @@ RESIDUAL_ATTENTION_OP = OpDescriptor(
     shape_problem=_attention_shapes,
 )
 
-OPS: dict[str, OpDescriptor] = {d.op_type: d for d in (AGGREGATE_OP, AGGREGATE_NORM_OP, RESIDUAL_ATTENTION_OP)}
+KIMI_DELTA_ATTENTION_OP = OpDescriptor(
+    op_type=KIMI_DELTA_ATTENTION,
+    torch_op="attnres::kimi_delta_attention",
+    doc="The gated delta rule of Kimi Delta Attention over T tokens from a state (docs/op-set.md#kimideltaattention).",
+    inputs=(
+        InputSpec("q", True, "queries [B, T, H, dk], before their L2 norm"),
+        InputSpec("k", True, "keys [B, T, H, dk], before their L2 norm"),
+        InputSpec("v", True, "values [B, T, H, dv]"),
+        InputSpec("g", False, "log of the channel-wise decay [B, T, H, dk] (<= 0), float32"),
+        InputSpec("beta", True, "write strength [B, T, H], in (0, 1)"),
+        InputSpec("initial_state", False, "recurrent state before the first token [B, H, dk, dv], float32"),
+    ),
+    outputs=(
+        OutputSpec("out", True, "per-token outputs [B, T, H, dv]"),
+        OutputSpec("final_state", False, "recurrent state after the last token [B, H, dk, dv], float32"),
+    ),
+    attributes=(
+        AttributeSpec("scale", "multiplies the L2-normalised queries (1/sqrt(dk))", "a finite number", math.isfinite),
+        AttributeSpec("l2norm_eps", "added to the sum of squares of q and k under the root", "a finite number >= 0",
+                      _finite_non_negative),
+    ),
+    numpy_reference=lambda inputs, attrs: kimi_delta_attention_numpy(
+        *inputs, attrs["scale"], attrs["l2norm_eps"]),
+    decompose=decompose_kimi_delta,
+    translation=_kimi_delta_translation,
+    shape_problem=_kimi_delta_shapes,
+    has_plugin=False,
+)
+
+OPS: dict[str, OpDescriptor] = {d.op_type: d for d in (AGGREGATE_OP, AGGREGATE_NORM_OP, RESIDUAL_ATTENTION_OP,
+                                                        KIMI_DELTA_ATTENTION_OP)}
 """Op type -> descriptor: every op of the attnres domain."""
 
 PLUGIN_ATTRIBUTES = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}

@@ -79,3 +79,31 @@ def residual_score_attention_numpy_in(
     weights = np.exp(logits)
     weights = weights / weights.sum(axis=-1, keepdims=True)
     return weights @ vf, scores
+
+
+def kimi_delta_attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                               initial_state: np.ndarray, scale: float,
+                               l2norm_eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """docs/op-set.md#kimideltaattention in float32: ``out`` in q's dtype, ``final_state`` float32."""
+    out, state = kimi_delta_attention_numpy_in(np.float32, q, k, v, g, beta, initial_state, scale, l2norm_eps)
+    return out.astype(q.dtype), state
+
+
+def kimi_delta_attention_numpy_in(compute_dtype: type, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                                  beta: np.ndarray, initial_state: np.ndarray, scale: float,
+                                  l2norm_eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule token by token in ``compute_dtype`` (float32 for the op, float64 for error bounds):
+    per batch and head, ``S <- diag(exp(g_t)) S``, ``S <- S + (beta_t k_t) (v_t - S^T k_t)^T``, ``o_t = S^T q_t``
+    with q and k L2-normalised over the head dim (eps inside the root) and q scaled."""
+    qf, kf, vf, gf, bf = (np.asarray(t, dtype=compute_dtype) for t in (q, k, v, g, beta))
+    eps = compute_dtype(l2norm_eps)
+    qf = qf / np.sqrt(np.sum(qf * qf, axis=-1, keepdims=True) + eps) * compute_dtype(scale)
+    kf = kf / np.sqrt(np.sum(kf * kf, axis=-1, keepdims=True) + eps)
+    state = np.array(initial_state, dtype=compute_dtype)
+    out = np.zeros(vf.shape, dtype=compute_dtype)
+    for t in range(qf.shape[1]):
+        state = state * np.exp(gf[:, t])[..., None]
+        correction = vf[:, t] - np.einsum("bhk,bhkv->bhv", kf[:, t], state)
+        state = state + np.einsum("bhk,bhv->bhkv", bf[:, t, :, None] * kf[:, t], correction)
+        out[:, t] = np.einsum("bhk,bhkv->bhv", qf[:, t], state)
+    return out, state

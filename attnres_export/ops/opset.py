@@ -31,3 +31,7 @@ MAX_SOURCES = 256
 RESIDUAL_ATTENTION = "ResidualScoreAttention"
 """Op type of one RealFormer attention with residual scores (docs/op-set.md#residualscoreattention); also the
 TensorRT plugin name."""
+
+KIMI_DELTA_ATTENTION = "KimiDeltaAttention"
+"""Op type of the gated delta rule of one Kimi Delta Attention layer (docs/op-set.md#kimideltaattention); the
+TensorRT plugin name it is meant for (no plugin exists yet)."""

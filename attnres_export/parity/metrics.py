@@ -26,6 +26,10 @@ class ErrorMetrics:
     ok: bool
     pytorch_float32_rel_l2: float | None = None
     """With a float64 reference: float32 PyTorch's own relative L2 error, which scales the bar (scaled_tolerance)."""
+    rel_l2_bar: float | None = None
+    """The bar this output was judged against: relative L2 at most this (None: not judged, e.g. a missing output)."""
+    cosine_bar: float | None = None
+    """...and cosine at least this."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,7 +55,8 @@ def compare_scaled(out: np.ndarray, precise: np.ndarray, tol: Tolerance, pytorch
 def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> ErrorMetrics:
     """Metrics of ``out`` against ``ref`` (both upcast to float64); NaN or Inf anywhere fails."""
     if out.shape != ref.shape:
-        return ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False)
+        return ErrorMetrics(float("inf"), float("inf"), float("inf"), 0.0, False, rel_l2_bar=tol.rel_l2,
+                            cosine_bar=tol.cosine)
     o = np.asarray(out, dtype=np.float64).ravel()
     r = np.asarray(ref, dtype=np.float64).ravel()
     diff = np.abs(o - r)
@@ -63,4 +68,4 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> ErrorMetrics:
     denom = float(np.linalg.norm(o)) * ref_norm
     cosine = float(np.dot(o, r) / denom) if denom > 0 else float(np.array_equal(o, r))
     ok = finite and rel_l2 <= tol.rel_l2 and cosine >= tol.cosine
-    return ErrorMetrics(max_abs, max_rel, rel_l2, cosine, ok)
+    return ErrorMetrics(max_abs, max_rel, rel_l2, cosine, ok, rel_l2_bar=tol.rel_l2, cosine_bar=tol.cosine)

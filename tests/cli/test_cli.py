@@ -66,14 +66,8 @@ def test_failed_parity_bar_exits_nonzero(block2_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
-        (["--dtype", "float64"], "--dtype 'float64'"),
-        (["--target", "coreml"], "--target 'coreml'"),
-        (["--opset", "11"], "--opset 11"),
-        (["--batch", "4:2:8"], "need 1 <= MIN <= OPT <= MAX"),
         (["--seq", "1:8:4096"], "exceeds the model's max_seq_len 64"),
-        (["--seq", "a:b"], "expected MIN:OPT:MAX"),
-        (["--tol", "float32:x"], "--tol 'float32:x'"),
-        (["--no-check", "--report", "r.json"], "--report needs the parity check"),
+        (["--past", "0:4:8"], "--past needs --with-past"),
     ],
 )
 def test_bad_export_option_is_one_clear_line_and_writes_nothing(block2_checkpoint, tmp_path, args, pattern):
@@ -90,7 +84,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "pickled module": (tmp_path / "module.pt", "holds a pickled Python object"),
         "corrupted": (tmp_path / "junk.pt", "not a PyTorch checkpoint"),
         "wrong format": (tmp_path / "format.pt", "format is 'other'"),
-        "missing": (tmp_path / "absent.pt", "no such file"),
+        "missing": (tmp_path / "absent.pt", "MODEL " + str(tmp_path / "absent.pt") + ": no such file"),
     }
 
 

@@ -15,10 +15,10 @@ from attnres_export.backends.tensorrt.profiles import derive_profile
 from attnres_export.dims import DimRange
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
-from attnres_export.exporter.with_past import past_feed_maker
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.models import load_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMWithPast
+from attnres_export.parity.feeds import past_feed_maker
 from tests.cli.test_cli import assert_one_line_error, invoke
 from tests.conftest import slow_after, write_checkpoint
 
@@ -136,10 +136,9 @@ def test_with_past_onnx_converts_to_ort_trt_and_back(exported, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), slow_after([
-    (["--past", "0:8"], "--past '0:8': expected MIN:OPT:MAX"),
     (["--past", "0:8:64"], "--past max 64 plus --seq min 1 exceeds the model's max_seq_len 64"),
     (["--past", "0:1:4", "--seq", "1:1:65"], "--seq max 65 exceeds"),
-], fast=3))
+], fast=2))
 def test_bad_with_past_options_are_refused_in_one_line(tmp_path, args, message):
     ckpt = write_checkpoint(tmp_path / "m.pt", n_layers=1)
     result = invoke("export", ckpt, "--with-past", "-o", tmp_path / "o.onnx", *args)

@@ -17,7 +17,13 @@ TINY = {"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 24
 
 
 def tiny_config(name: str):
-    return architecture(name).config_type()(arch=name, **TINY)
+    family = architecture(name)
+    if family.hf_model_types:  # a Hugging Face family: its tiny example folder's config
+        from attnres_export.models.decoder.example import example_config
+        from attnres_export.models.decoder.hf_config import parse_hf_config
+
+        return parse_hf_config(example_config(family.hf_model_types[0], attn_res_block_size=1))
+    return family.config_type()(arch=name, **TINY)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

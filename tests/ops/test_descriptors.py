@@ -35,6 +35,11 @@ EXAMPLES = {
                    "mask_bias": [2, 1, 1, 7]},
         "attributes": {"scale": 0.35, "logit_divisor": 2.0},
     },
+    "KimiDeltaAttention": {
+        "inputs": {"q": [2, 5, 3, 8], "k": [2, 5, 3, 8], "v": [2, 5, 3, 6], "g": [2, 5, 3, 8], "beta": [2, 5, 3],
+                   "initial_state": [2, 3, 8, 6]},
+        "attributes": {"scale": 0.35, "l2norm_eps": 1e-6},
+    },
 }
 """Per op: the shape of each input (a list of shapes for a variadic one) and attribute values."""
 
@@ -76,11 +81,17 @@ def test_schema_lists_the_descriptors_inputs_outputs_and_attributes(op_type: str
     assert set(schema.attributes) == {*op.plugin_fields, *PLUGIN_ATTRIBUTES}
 
 
-@pytest.mark.parametrize("op_type", sorted(OPS))
+@pytest.mark.parametrize("op_type", sorted(t for t, op in OPS.items() if op.has_plugin))
 def test_plugin_fields_are_the_plugin_configs_attributes(op_type: str) -> None:
     config = yaml.safe_load(next(PLUGINS.glob(f"*/{op_type}_PluginConfig.yaml")).read_text())
     assert config["name"] == op_type
     assert list(config["versions"]["1"]["attributes"]) == list(OPS[op_type].plugin_fields)
+
+
+@pytest.mark.parametrize("op_type", sorted(OPS))
+def test_an_op_has_a_plugin_folder_exactly_when_its_descriptor_says_so(op_type: str) -> None:
+    folders = list(PLUGINS.glob(f"*/{op_type}_PluginConfig.yaml"))
+    assert len(folders) == int(OPS[op_type].has_plugin)
 
 
 @pytest.mark.parametrize("storage", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16])

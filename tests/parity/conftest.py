@@ -55,3 +55,18 @@ def artifacts(tmp_path_factory) -> Artifacts:
     perturbed = root / "tiny.perturbed.onnx"
     onnx.save(perturb_largest_initializer(model), str(perturbed))
     return Artifacts(checkpoint, tensorrt, perturbed=perturbed, **paths)
+
+
+@dataclass(frozen=True)
+class PastArtifacts:
+    checkpoint: Path
+    with_past: Path
+
+
+@pytest.fixture(scope="session")
+def past_artifacts(artifacts) -> PastArtifacts:
+    """The tiny checkpoint's with-past graph (docs/decode.md), exported once, unchecked."""
+    with_past = artifacts.checkpoint.with_name("tiny.with-past.tensorrt.onnx")
+    export_checkpoint(ExportOptions(artifacts.checkpoint, with_past, batch=DimRange(1, 2, 3), seq=DimRange(1, 4, 8),
+                                    past=DimRange(0, 4, 8), with_past=True, check=False))
+    return PastArtifacts(artifacts.checkpoint, with_past)

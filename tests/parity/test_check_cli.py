@@ -51,10 +51,12 @@ def test_explicit_shapes_replace_the_metadata_defaults(artifacts, tmp_path):
     assert [c["shape"] for c in json.loads(report.read_text())["checks"]] == [[1, 5]]
 
 
-def test_check_without_artifacts_or_with_a_bad_shape_exits_1_with_one_line(artifacts):
-    assert "pass at least one --onnx" in invoke(artifacts.checkpoint).output
+def test_check_without_artifacts_exits_1_and_a_malformed_shape_exits_2_each_with_one_line(artifacts):
+    nothing = invoke(artifacts.checkpoint)
+    assert nothing.exit_code == 1 and "pass at least one --onnx" in nothing.output
     result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", "2x4")
-    assert result.exit_code == 1 and "expected B,T" in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "expected B,T or B,T,P" in lines[0], result.output
 
 
 def test_an_engine_without_manifest_is_refused(artifacts, tmp_path):
@@ -65,7 +67,8 @@ def test_an_engine_without_manifest_is_refused(artifacts, tmp_path):
 
 
 def test_shapes_outside_the_exported_range_or_max_seq_len_are_one_line(artifacts):
-    for shape, needle in (("9,3", "batch 9 is outside the exported range 1..3"), ("1,99", "max_seq_len 16")):
+    for shape, needle in (("9,3", "batch 9 is outside the range 1..3 tiny.tensorrt.onnx was exported for"),
+                          ("1,99", "max_seq_len 16")):
         result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", shape)
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 1 and len(lines) == 1 and needle in lines[0], result.output

@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
+import pytest
 from rich.console import Console
 
 from attnres_export.backends.base import Runner
-from attnres_export.cli.render import report_table
+from attnres_export.backends.bench import HostClock, Workload
+from attnres_export.cli.render import bench_table, fusion_table, report_table
+from attnres_export.graphs.fusion import FusionResult
+from attnres_export.graphs.fusion.classify import ATTENTION
+from attnres_export.graphs.fusion.depth.pattern import DEPTH
+from attnres_export.graphs.fusion.result import SiteOutcome
 from attnres_export.parity.metrics import ErrorMetrics, compare, tolerance_for
 from attnres_export.parity.report import Check, Report, run_checks
 
@@ -26,10 +33,86 @@ class FixedRunner(Runner):
         return {"y": feeds["x"] * self.scale}
 
 
-def render(report: Report) -> str:
-    console = Console(width=200, record=True)
-    console.print(report_table(report))
+def render(report: Report, width: int = 200) -> str:
+    return printed(report_table(report), width)
+
+
+def printed(renderable, width: int) -> str:
+    console = Console(width=width, record=True)
+    console.print(renderable)
     return console.export_text()
+
+
+def assert_fits_uncut(text: str, width: int, values: list[str]) -> None:
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    words = set(text.split())
+    missing = [v for v in values if v not in words]
+    assert not missing, (missing, text)
+
+
+def with_past_report(bars_per_output: bool = False) -> Report:
+    """A with-past check at the depth-scaled bars: long output names, every metric a distinct number; the bars
+    shared by every output, or (``bars_per_output``) scaled per output as a deep model's are."""
+    rng = np.random.default_rng(3)
+    checks = []
+    for shape in ([2, 8, 0], [8, 1, 63]):
+        outputs = {}
+        for name in ("logits", *(f"present.{i}.{kv}" for i in range(11) for kv in ("key", "value"))):
+            rel = float(rng.uniform(1e-7, 9e-6))
+            outputs[name] = ErrorMetrics(float(rng.uniform(1e-7, 1e-5)), float(rng.uniform(1e-5, 1e-3)), rel,
+                                         1 - rel / 3, True, rel / 2, 3.1 * rel if bars_per_output else 2.15e-05,
+                                         0.99999955)
+        checks.append(Check(shape, "onnxruntime+ref-ops+bf16-emulation", "a-long-model-name.with-past.tensorrt.onnx",
+                            "bfloat16", outputs))
+    return Report(checks)
+
+
+def numbers(report: Report) -> list[str]:
+    return [f"{v:.3g}" for c in report.checks for m in c.outputs.values()
+            for v in (m.rel_l2, m.pytorch_float32_rel_l2, m.rel_l2_bar)] + ["0.99999955"]
+
+
+@pytest.mark.parametrize("bars_per_output", [False, True])
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_the_parity_table_fits_narrow_consoles_with_every_number_and_bar_uncut(width, bars_per_output):
+    report = with_past_report(bars_per_output)
+    text = render(report, width)
+    assert_fits_uncut(text, width, numbers(report) + [f"{c.outputs['logits'].cosine:.9f}" for c in report.checks])
+
+
+def test_at_80_columns_the_parity_rows_stay_a_table_with_the_bar_of_each_row():
+    text = render(with_past_report(bars_per_output=True), 80)
+    header = next(line for line in text.splitlines() if line.startswith("shape"))
+    assert header.split() == ["shape", "output", "rel", "L2", "<=", "bar", "rel", "L2", "cosine", ">=", "bar", "pass"]
+
+
+def test_a_wide_console_shows_max_abs_and_max_rel_too_in_one_table():
+    report = with_past_report()
+    text = render(report, 220)
+    first = report.checks[0].outputs["logits"]
+    assert "max abs" in text and f"{first.max_abs:.3g}" in text.split() and f"{first.max_rel:.3g}" in text.split()
+    assert text.count("a-long-model-name.with-past.tensorrt.onnx") == 2 * 23
+
+
+def test_the_fusion_table_fits_80_columns_with_numbers_uncut():
+    sites = [SiteOutcome(f"/model/layers.{i}/aggregation/attention_over_depth/Softmax_{i}", i % 2 == 0,
+                         "" if i % 2 == 0 else "the weights do not sum over a stack of earlier sublayer outputs",
+                         sources=i + 1, eps=1e-6, rel_l2=1.234e-7 * (i + 1), kind=DEPTH, op_type="AttnResAggregate")
+             for i in range(4)]
+    sites.append(SiteOutcome("/model/layers.0/self_attn/Softmax", False, "attention over tokens", kind=ATTENTION))
+    text = printed(fusion_table(FusionResult(onnx.ModelProto(), sites, {})), 80)
+    assert_fits_uncut(text, 80, ["1e-06", "1.2e-07", "4.9e-07", "fused", "unfused"])
+
+
+def test_the_bench_table_fits_80_columns_with_numbers_uncut():
+    workloads = [Workload(f"model.{kind}.engine", "tensorrt", (8, 1024), lambda: None, HostClock(),
+                          [12.3456 + i for i in range(10)]) for kind in ("fp16", "fp16.portable")]
+    text = printed(bench_table(workloads), 80)
+    sequences, tokens = workloads[0].throughput()
+    assert_fits_uncut(text, 80, [f"{workloads[0].percentile(q):.3f}" for q in (50, 90, 99)]
+                      + [f"{sequences:,.1f}", f"{tokens:,.0f}", "model.fp16.engine"])
+
 
 
 def test_one_failing_output_fails_the_check_and_the_report():
@@ -87,4 +170,4 @@ def test_against_a_float64_reference_the_bar_scales_with_float32_pytorchs_own_er
     assert verdicts["close"].ok and not verdicts["far"].ok
     assert abs(verdicts["close"].pytorch_float32_rel_l2 - 6e-6) < 1e-9
     assert abs(verdicts["close"].rel_l2 - 1.5e-5) < 1e-9
-    assert "PyTorch f32 rel L2" in render(scaled)
+    assert "f32" in render(scaled) and "2.4e-05" in render(scaled).split()

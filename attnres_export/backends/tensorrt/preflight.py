@@ -110,6 +110,10 @@ def preflight(
 def _mismatch(request: NodeRequest, available: set[PluginKey], libraries: Sequence[str]) -> str:
     same_name = sorted(k for k in available if k[0] == request.op_type)
     loaded = f"libraries loaded: {', '.join(libraries) if libraries else 'none'}"
+    op = OPS.get(request.op_type)
+    if op is not None and not op.has_plugin and not same_name:
+        return (f"{request.op_type} has no TensorRT plugin yet (docs/op-set.md); build the portable form instead: "
+                "attnres convert MODEL.onnx --target portable -o MODEL.portable.onnx")
     if not same_name:
         return (f"asks for {request.describe()}, but the registry has no {request.op_type} creator at all "
                 f"({loaded}); load libattnres_trt.so (--plugin) before parsing")

@@ -48,6 +48,22 @@ def test_missing_creator_says_which_libraries_were_loaded():
     assert "libraries loaded: none" in messages(result)
 
 
+def test_an_op_without_a_plugin_yet_is_refused_by_name_with_the_portable_way_out():
+    names = ["q", "k", "v", "g", "beta", "initial_state"]
+    shapes = [[1, 2, 1, 4], [1, 2, 1, 4], [1, 2, 1, 4], [1, 2, 1, 4], [1, 2, 1], [1, 1, 4, 4]]
+    inputs = [oh.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in zip(names, shapes, strict=True)]
+    outputs = [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "final_state")]
+    node = oh.make_node("KimiDeltaAttention", names, ["out", "final_state"], name="kda", domain="attnres",
+                        scale=0.5, l2norm_eps=1e-6, plugin_version="1", plugin_namespace="attnres")
+    model = oh.make_model(oh.make_graph([node], "g", inputs, outputs),
+                          opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("attnres", 1)])
+    result = preflight(model, REGISTRY, (10, 8), LIBS)
+    assert not result.ok
+    assert messages(result) == ("error: node 'kda': KimiDeltaAttention has no TensorRT plugin yet (docs/op-set.md); "
+                                "build the portable form instead: attnres convert MODEL.onnx --target portable "
+                                "-o MODEL.portable.onnx")
+
+
 def test_function_shadowing_is_fatal_before_tensorrt_10_7():
     result = preflight(aggregate_model(with_function=True), REGISTRY, (10, 6), LIBS)
     assert not result.ok and "(< 10.7) inlines the function" in messages(result)

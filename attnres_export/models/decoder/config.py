@@ -1,0 +1,233 @@
+"""``DecoderConfig``: the hyper-parameters of a decoder LM body (docs/models.md#decoderlm), in plain values.
+
+The config is built from a Hugging Face ``config.json`` by ``hf_config.parse_hf_config`` (which reads
+transformers' spellings and defaults) or from our own plain-values dict (``from_dict``, the checkpoint format).
+Everything the model computes is a field here; the per-layer choice of dense or mixture-of-experts
+feed-forward is ``moe_layers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from attnres_export.errors import CheckpointError
+
+ARCH = "decoder-lm"
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
+"""Hugging Face ``model_type`` values whose bodies ``DecoderLM`` computes."""
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding settings, with transformers' meaning of each field (``rope_parameters``)."""
+
+    rope_type: str = "default"
+    rope_theta: float = 10000.0
+    factor: float | None = None
+    """``linear``/``llama3``/``yarn``: the context-extension factor."""
+    original_max_position_embeddings: int | None = None
+    """``llama3``/``yarn``: the pre-training context length."""
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    attention_factor: float | None = None
+    """``yarn``: scale of cos/sin; None = derived from ``factor``, ``mscale`` and ``mscale_all_dim``."""
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """DeepSeek-V3 multi-head latent attention sizes."""
+
+    q_lora_rank: int | None
+    """None: queries are one projection ``q_proj``; else ``q_a_proj`` -> RMSNorm -> ``q_b_proj``."""
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+    """Rotary dims laid out in interleaved pairs (DeepSeek's checkpoints) rather than two halves."""
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MoEKeys:
+    """The mixture-of-experts settings of a config.json in transformers' names; the MoE feed-forwards
+    (``decoder/moe.py``) are built from these. Routing follows the family: ``qwen3_moe`` is softmax top-k
+    (``scoring_func="softmax"``, ``topk_method="greedy"``), ``deepseek_v3`` sigmoid scores with group-limited
+    top-k and a score-correction bias (``"sigmoid"``, ``"noaux_tc"``)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    scoring_func: str
+    topk_method: str
+    n_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+    n_group: int | None = None
+    topk_group: int | None = None
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """A decoder LM body of one of ``FAMILIES`` (docs/models.md#decoderlm)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    """Per-head RMSNorm of queries and keys before rotary (Qwen3)."""
+    tie_word_embeddings: bool = False
+    mla: LatentAttentionConfig | None = None
+    moe: MoEKeys | None = None
+    moe_layers: tuple[int, ...] = ()
+    """Indices of the layers whose feed-forward is a mixture of experts (the rest are dense)."""
+    mtp_layers: int = 0
+    """DeepSeek multi-token-prediction layers stored after the body (``model.layers.{N}..``); not computed."""
+    attn_res_block_size: int | None = None
+    """Attention Residuals with K3's conventions: decoder layers per block; None = standard residuals."""
+    arch: str = ARCH
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise CheckpointError(f"invalid decoder config: {'; '.join(problems)}")
+
+    def _problems(self):
+        if self.arch != ARCH:
+            yield f"arch must be {ARCH!r}, got {self.arch!r}"
+        if self.model_type not in FAMILIES:
+            yield f"model_type must be one of {', '.join(FAMILIES)}, got {self.model_type!r}"
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                yield f"{name} must be a whole number >= 1, got {value!r}"
+        if _is_int(self.num_key_value_heads) and _is_int(self.num_attention_heads) and self.num_key_value_heads >= 1 \
+                and self.num_attention_heads % self.num_key_value_heads:
+            yield (f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
+                   f"{self.num_key_value_heads}")
+        if self.mla is None and _is_int(self.head_dim) and self.head_dim % 2:
+            yield f"head_dim {self.head_dim} must be even for rotary embeddings"
+        if self.mla is not None and self.mla.qk_rope_head_dim % 2:
+            yield f"qk_rope_head_dim {self.mla.qk_rope_head_dim} must be even for rotary embeddings"
+        if not (isinstance(self.rms_norm_eps, float) and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
+            yield f"rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}"
+        if self.rope.rope_type not in ROPE_TYPES:
+            yield f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.rope.rope_type!r}"
+        if any(not 0 <= i < self.num_hidden_layers for i in self.moe_layers):
+            yield f"moe_layers {list(self.moe_layers)} must index layers 0..{self.num_hidden_layers - 1}"
+        if self.moe_layers and self.moe is None:
+            yield "moe_layers are given without MoE settings"
+        block = self.attn_res_block_size
+        if block is not None and (not _is_int(block) or block < 1):
+            yield f"attn_res_block_size must be a whole number >= 1, got {block!r}"
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence the model is meant for (``max_position_embeddings``)."""
+        return self.max_position_embeddings
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers (the checkpoint loader counts them against the weights before building)."""
+        return self.num_hidden_layers
+
+    @property
+    def attn_res(self) -> bool:
+        return self.attn_res_block_size is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index in self.moe_layers
+
+    def describe(self) -> str:
+        residual = f"AttnRes, {self.attn_res_block_size} layers a block" if self.attn_res else "standard residuals"
+        return f"{self.model_type} body, {self.num_hidden_layers} layers, {residual}"
+
+    def features(self) -> list[tuple[str, str]]:
+        """What this body computes, for ``attnres inspect``: (feature, setting) rows."""
+        rows = [("family", self.model_type), ("layers", str(self.num_hidden_layers))]
+        if self.mla is not None:
+            m = self.mla
+            rows.append(("attention", f"multi-head latent (heads {self.num_attention_heads}, q_lora_rank "
+                                      f"{m.q_lora_rank}, kv_lora_rank {m.kv_lora_rank}, nope/rope/v head dims "
+                                      f"{m.qk_nope_head_dim}/{m.qk_rope_head_dim}/{m.v_head_dim})"))
+        else:
+            kind = "multi-head" if self.num_key_value_heads == self.num_attention_heads else "grouped-query"
+            rows.append(("attention", f"{kind} ({self.num_attention_heads} heads, {self.num_key_value_heads} KV "
+                                      f"heads, head_dim {self.head_dim})"))
+        scaling = "" if self.rope.rope_type == "default" else f", factor {self.rope.factor}"
+        rows.append(("rope", f"{self.rope.rope_type}, theta {self.rope.rope_theta:g}{scaling}"))
+        extras = [name for name, on in (("qkv bias", self.qkv_bias), ("o_proj bias", self.o_proj_bias),
+                                        ("mlp bias", self.mlp_bias), ("qk-norm", self.qk_norm),
+                                        ("tied embeddings", self.tie_word_embeddings)) if on]
+        rows.append(("extras", ", ".join(extras) or "none"))
+        if self.moe is not None:
+            e = self.moe
+            shared = f", {e.n_shared_experts} shared" if e.n_shared_experts else ""
+            rows.append(("experts", f"{e.num_experts} routed, top-{e.num_experts_per_tok}{shared} "
+                                    f"({e.scoring_func} router) in layers {list(self.moe_layers)}"))
+        rows.append(("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block"
+                                 if self.attn_res else "standard"))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (nested dicts for rope, mla and moe), readable by ``from_dict``."""
+        out = asdict(self)
+        out["moe_layers"] = list(self.moe_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> DecoderConfig:
+        """The config of a checkpoint of ours (``to_dict`` output); unknown or missing keys are refused."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"checkpoint 'config' must be a dict of plain values, got {type(raw).__name__}")
+        values = _known_fields(cls, raw, "checkpoint config")
+        nested = {"rope": RopeConfig, "mla": LatentAttentionConfig, "moe": MoEKeys}
+        for name, kind in nested.items():
+            if isinstance(values.get(name), dict):
+                values[name] = kind(**_known_fields(kind, values[name], f"checkpoint config {name!r}"))
+            elif name == "rope" or values.get(name) is not None:
+                raise CheckpointError(f"checkpoint config {name!r} must be a dict, got {values.get(name)!r}")
+        if not isinstance(values.get("moe_layers", []), list):
+            raise CheckpointError("checkpoint config 'moe_layers' must be a list of layer indices")
+        values["moe_layers"] = tuple(values.get("moe_layers", ()))
+        return cls(**values)
+
+
+def _known_fields(kind: type, raw: dict, what: str) -> dict[str, Any]:
+    """``raw`` when it names only fields of ``kind`` and every field without a default."""
+    known = {f.name: f for f in fields(kind)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise CheckpointError(f"{what} has unknown keys: {', '.join(map(str, unknown))}")
+    required = [name for name, f in known.items()
+                if f.default is MISSING and f.default_factory is MISSING and name not in raw]
+    if required:
+        raise CheckpointError(f"{what} is missing keys: {', '.join(required)}")
+    return dict(raw)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
