@@ -287,7 +287,7 @@ def measure(folders: list[Folder], batches: list[int], args) -> dict[tuple[int, 
     samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
     for batch in batches:
         prompt = prompt_ids(batch, args.prompt)
-        for i, model in enumerate(models):  # warm-up: the first run of a session allocates
+        for model in models:  # warm-up: the first run of a session allocates
             generate(model, prompt, 4)
         for _ in range(args.repeats):
             for i, model in enumerate(models):

@@ -25,7 +25,7 @@ from attnres_export.exporter.export import export_any
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_config import genai_config
 from attnres_export.exporter.genai_options import CONFIG_FILE, MODEL_FILE, genai_options
-from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults
+from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults, json_file
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import export_info
 
@@ -54,7 +54,8 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
         model = onnx.load(str(staged / MODEL_FILE), load_external_data=False)
         vocab = int(export_info(model)["vocab_size"])
         defaults = generation_defaults(tokens_from, vocab, hf_config_file=opts.source.is_dir())
-        _write_config(staged, genai_config(model, MODEL_FILE, defaults))
+        hf_config = json_file(opts.source / "config.json") if opts.source.is_dir() else {}
+        _write_config(staged, genai_config(model, MODEL_FILE, defaults, hf_config))
         _copy_tokenizer(tokens_from, staged)
         _move_into_place(staged, folder, scratch)
     if result.report is not None:

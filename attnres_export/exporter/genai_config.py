@@ -29,8 +29,11 @@ PRESENT_KEY, PRESENT_VALUE = "present.%d.key", "present.%d.value"
 _CACHE = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
-def genai_config(model: onnx.ModelProto, filename: str, defaults: GenerationDefaults) -> dict[str, Any]:
-    """The ``genai_config.json`` of the with-past ``model`` (weightless is enough) saved as ``filename``."""
+def genai_config(model: onnx.ModelProto, filename: str, defaults: GenerationDefaults,
+                 hf_config: dict | None = None) -> dict[str, Any]:
+    """The ``genai_config.json`` of the with-past ``model`` (weightless is enough) saved as ``filename``;
+    ``hf_config`` is the checkpoint folder's ``config.json`` (the query head count of a grouped-query body, which
+    the export metadata leaves out)."""
     info = export_info(model)
     if not info.get("with_past"):
         raise ExportError("--genai: the ONNX is not a with-past export (no attnres.export with_past metadata); "
@@ -39,7 +42,7 @@ def genai_config(model: onnx.ModelProto, filename: str, defaults: GenerationDefa
     _check_names(model, layers)
     context = min(int(info["max_seq_len"]), int(info["dims"]["total"][2]))
     vocab = int(info["vocab_size"])
-    meta_heads = info.get("num_attention_heads", info.get("n_heads"))
+    heads = info.get("num_attention_heads", info.get("n_heads", (hf_config or {}).get("num_attention_heads")))
     decoder = {
         "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
         "filename": filename,
@@ -48,7 +51,7 @@ def genai_config(model: onnx.ModelProto, filename: str, defaults: GenerationDefa
         "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
                    "past_key_names": KEY_NAME, "past_value_names": VALUE_NAME},
         "outputs": {"logits": "logits", "present_key_names": PRESENT_KEY, "present_value_names": PRESENT_VALUE},
-        "num_attention_heads": int(meta_heads) if meta_heads is not None else kv_heads,
+        "num_attention_heads": int(heads) if isinstance(heads, int) and heads > 0 else kv_heads,
         "num_hidden_layers": layers,
         "num_key_value_heads": kv_heads,
     }

@@ -70,9 +70,9 @@ def generation_defaults(folder: Path, vocab_size: int | None = None, hf_config_f
     """Special token ids and search defaults from the checkpoint files in ``folder`` (ids checked against
     ``vocab_size`` when it is given); ``hf_config_file`` False skips ``config.json`` (a ``.pt`` checkpoint's folder:
     a config.json beside it describes another model)."""
-    generation = _json(folder / GENERATION_CONFIG)
-    hf_config = _json(folder / HF_CONFIG) if hf_config_file else {}
-    tokenizer_config = _json(folder / TOKENIZER_CONFIG)
+    generation = json_file(folder / GENERATION_CONFIG)
+    hf_config = json_file(folder / HF_CONFIG) if hf_config_file else {}
+    tokenizer_config = json_file(folder / TOKENIZER_CONFIG)
     named = _named_tokens(folder, tokenizer_config) if tokenizer_config else {}
     for key, token_id in named.items():
         _ids(token_id, f"{TOKENIZER_CONFIG}: the {key.removesuffix('_id')}", vocab_size)
@@ -169,7 +169,7 @@ def _tokenizer_vocab(path: Path) -> dict[str, int]:
     if not path.is_file():
         raise ExportError(f"--genai: {path.parent / TOKENIZER_CONFIG} names special tokens but there is no "
                           f"{TOKENIZER} to look their ids up in; add it or give the ids in {GENERATION_CONFIG}")
-    data = _json(path, MAX_TOKENIZER_BYTES)
+    data = json_file(path, MAX_TOKENIZER_BYTES)
     vocab = data.get("model", {}).get("vocab", {}) if isinstance(data.get("model"), dict) else {}
     table = dict(vocab) if isinstance(vocab, dict) else {entry[0]: i for i, entry in enumerate(vocab)}
     for added in data.get("added_tokens", []):
@@ -178,7 +178,7 @@ def _tokenizer_vocab(path: Path) -> dict[str, int]:
     return table
 
 
-def _json(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict:
+def json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict:
     """A JSON object file, or {} when there is none."""
     if not path.is_file():
         return {}

@@ -14,10 +14,11 @@ from attnres_export.models import load_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
 from attnres_export.models.hf_folder import save_folder
+from tests.cli.test_cli import invoke
 from tests.conftest import SMALL
 
 PAD_ID = 0
-"""The tokenizer's ``<pad>``; prompts never hold it (onnxruntime-genai finds right padding by this id)."""
+"""The test tokenizer's ``<pad>``; prompts never hold it (onnxruntime-genai finds right padding by the pad id)."""
 PROMPTS = ([11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31, 32, 33, 34, 35])
 NEW_TOKENS = 40
 
@@ -40,19 +41,34 @@ def write_tokenizer(folder: Path, vocab_size: int, eos_id: int) -> None:
 
 
 def write_genai_checkpoint(folder: Path, seed: int = 0, **overrides) -> Path:
-    """A checkpoint folder (config.json, safetensors, tokenizer, generation_config.json) of a tiny AttnResLM whose
-    end-of-sequence id is a token its greedy continuation of ``PROMPTS`` never emits, so that every comparison
-    runs ``NEW_TOKENS`` tokens."""
+    """A checkpoint folder (config.json, safetensors, tokenizer, generation_config.json) of a tiny AttnResLM."""
     cfg = AttnResLMConfig(**{**SMALL, **overrides})
-    model = make_example(cfg, seed)
-    save_folder(model.state_dict(), cfg, folder)
-    decoder = torch_decoder(model.eval())
+    save_folder(make_example(cfg, seed).state_dict(), cfg, folder)
+    eos = write_generation_config(folder)
+    write_tokenizer(folder, cfg.vocab_size, eos)
+    return folder
+
+
+def write_family_folder(folder: Path, family: str, seed: int = 0, block_size: int | None = None) -> Path:
+    """A tiny Hugging Face folder of a decoder family (``attnres example --arch FAMILY``; K3's Attention
+    Residuals with ``block_size``), with a generation_config.json."""
+    args = ["--block-size", str(block_size)] if block_size is not None else []
+    result = invoke("example", folder, "--arch", family, "--seed", str(seed), *args)
+    assert result.exit_code == 0, result.output
+    write_generation_config(folder)
+    return folder
+
+
+def write_generation_config(folder: Path) -> int:
+    """Write a generation_config.json whose end-of-sequence id is a token the model's greedy continuation of
+    ``PROMPTS`` never emits (so that every comparison runs ``NEW_TOKENS`` tokens); return that id."""
+    model, cfg = load_checkpoint(folder)
+    decoder = torch_decoder(model)
     emitted = set().union(*(generate(decoder, prompt, NEW_TOKENS).tokens for prompt in PROMPTS), *PROMPTS)
     eos = next(i for i in range(cfg.vocab_size - 1, 3, -1) if i not in emitted)
-    write_tokenizer(folder, cfg.vocab_size, eos)
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": eos, "transformers_version": "5.23.0", "_from_model_config": True}))
-    return folder
+    return eos
 
 
 def reference_tokens(checkpoint: Path, prompt: list[int], n: int = NEW_TOKENS) -> list[int]:
@@ -62,11 +78,12 @@ def reference_tokens(checkpoint: Path, prompt: list[int], n: int = NEW_TOKENS) -
 
 
 def genai_generate(folder: Path, prompts: list[list[int]], n: int = NEW_TOKENS) -> list[list[int]]:
-    """Greedy tokens of onnxruntime-genai on ``folder``: the prompts right-padded with ``PAD_ID`` into one batch
-    (onnxruntime-genai's convention), ``n`` new tokens each."""
+    """Greedy tokens of onnxruntime-genai on ``folder``: the prompts right-padded with the folder's pad id into one
+    batch (onnxruntime-genai's convention), ``n`` new tokens each."""
     model = og.Model(str(folder))
+    pad = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["pad_token_id"]
     width = max(len(p) for p in prompts)
-    batch = np.array([p + [PAD_ID] * (width - len(p)) for p in prompts], dtype=np.int32)
+    batch = np.array([p + [pad] * (width - len(p)) for p in prompts], dtype=np.int32)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=width + n, do_sample=False, batch_size=len(prompts))
     generator = og.Generator(model, params)
@@ -76,14 +93,15 @@ def genai_generate(folder: Path, prompts: list[list[int]], n: int = NEW_TOKENS) 
     return [list(generator.get_sequence(i))[width:] for i in range(len(prompts))]
 
 
-def padded_batch_tokens(decoder: Decoder, prompts: list[list[int]], n: int = NEW_TOKENS) -> list[list[int]]:
+def padded_batch_tokens(decoder: Decoder, prompts: list[list[int]], n: int = NEW_TOKENS, pad: int = PAD_ID
+                        ) -> list[list[int]]:
     """Greedy tokens of our ``decoder`` fed the inputs onnxruntime-genai builds for right-padded prompts
     (``src/models/position_inputs.cpp``, ``logits.cpp``): the mask is 0 on the padding, each row's positions count
     its own tokens, the first token of each row is read at its last prompt token, and every step appends a 1 to
     the mask and advances each row's position by one."""
     width = max(len(p) for p in prompts)
     lengths = np.array([len(p) for p in prompts])
-    ids = np.array([p + [PAD_ID] * (width - len(p)) for p in prompts], dtype=np.int64)
+    ids = np.array([p + [pad] * (width - len(p)) for p in prompts], dtype=np.int64)
     columns = np.arange(width)[None, :]
     mask = (columns < lengths[:, None]).astype(np.int64)
     positions = np.where(mask == 1, columns, 0).astype(np.int64)

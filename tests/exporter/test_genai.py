@@ -23,6 +23,7 @@ from tests.exporter.genai_helpers import (
     genai_generate,
     padded_batch_tokens,
     reference_tokens,
+    write_family_folder,
     write_genai_checkpoint,
 )
 
@@ -109,6 +110,38 @@ def test_other_models_and_float16_run_under_onnxruntime_genai_as_under_attnres_g
     assert genai == ours
     if dtype == "float32":
         assert genai == [reference_tokens(checkpoint, p) for p in PROMPTS]
+
+
+def _same_tokens_everywhere(checkpoint: Path, folder: Path, prompts=PROMPTS) -> None:
+    """onnxruntime-genai on the batch of ``prompts`` = ``attnres generate`` per prompt, on the folder's ONNX and on
+    PyTorch."""
+    genai = genai_generate(folder, [list(p) for p in prompts])
+    assert genai == [_cli_tokens(checkpoint, p, "--onnx", folder / "model.onnx") for p in prompts]
+    assert genai == [_cli_tokens(checkpoint, p) for p in prompts]
+
+
+def test_a_qwen3_body_with_attention_residuals_and_grouped_heads_runs_as_under_attnres_generate(tmp_path):
+    checkpoint = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2, block_size=1)
+    folder = export_genai_folder(checkpoint, tmp_path / "folder")
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert (config["type"], config["decoder"]["num_attention_heads"], config["decoder"]["num_key_value_heads"],
+            config["decoder"]["head_size"], config["decoder"]["hidden_size"]) == ("qwen3", 4, 2, 16, 64)
+    _same_tokens_everywhere(checkpoint, folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "block_size", "dtype"), [
+    ("llama", None, "float32"), ("qwen2", None, "float32"), ("qwen2", 1, "float32"), ("llama", 1, "float16"),
+])
+def test_decoder_bodies_run_under_onnxruntime_genai_as_under_attnres_generate(tmp_path, family, block_size, dtype):
+    checkpoint = write_family_folder(tmp_path / family, family, seed=4, block_size=block_size)
+    folder = export_genai_folder(checkpoint, tmp_path / "folder", "--dtype", dtype)
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == family
+    if dtype == "float32":
+        _same_tokens_everywhere(checkpoint, folder)
+    else:
+        genai = genai_generate(folder, [list(p) for p in PROMPTS])
+        assert genai == [_cli_tokens(checkpoint, p, "--onnx", folder / "model.onnx") for p in PROMPTS]
 
 
 @pytest.mark.slow
