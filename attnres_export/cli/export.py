@@ -73,6 +73,9 @@ def export(
     fuse_norm: Annotated[bool, typer.Option(
         "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
                             "(its TensorRT kernel is not yet verified on a GPU).")] = False,
+    genai: Annotated[Path | None, typer.Option(
+        "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
+                        "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
     version: VersionOption = False,
     trace_whole: Annotated[bool, typer.Option(
         "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
@@ -87,6 +90,10 @@ def export(
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
         trace_whole=trace_whole,
     )
+    if genai is not None:
+        from attnres_export.exporter.genai_options import genai_options
+
+        opts = genai_options(opts, genai)
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
 
     from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
@@ -95,7 +102,12 @@ def export(
 
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
     with console.status("exporting") as status:
-        result = export_any(opts, foreign, status=lambda text: status.update(text))
+        if genai is None:
+            result = export_any(opts, foreign, status=lambda text: status.update(text))
+        else:
+            from attnres_export.exporter.genai import export_genai
+
+            result = export_genai(opts, genai, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
         for warning in fusion_warnings(result.fusion):
