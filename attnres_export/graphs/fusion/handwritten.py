@@ -69,8 +69,8 @@ def _deferred_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
 def handwritten_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
     """The virtual Softmaxes of the three spellings (an Exp is anchored once, by the first that takes it)."""
     quotient, deferred = _quotient_softmaxes(index), _deferred_softmaxes(index)
-    taken = {_through_casts(index, index.producer[n.output[0]].input[0]) for n in quotient}
-    taken = {id(node) for node in taken if node is not None} | {id(index.producer[n.output[0]]) for n in deferred}
+    exps = [_through_casts(index, index.producer[n.output[0]].input[0]) for n in quotient]
+    taken = {id(node) for node in exps if node is not None} | {id(index.producer[n.output[0]]) for n in deferred}
     return [*quotient, *deferred, *_unnormalized_softmaxes(index, taken)]
 
 
