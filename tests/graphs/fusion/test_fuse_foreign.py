@@ -19,6 +19,8 @@ from tests.graphs.fusion.foreign_models import (
     InPlaceBankLM,
     OnesPartialLM,
     StackEinsumLM,
+    TwoPhaseOnlineLM,
+    TwoPhaseRunningLongBlockLM,
     TwoPhaseUnscaledMergeLM,
 )
 from tests.graphs.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx, save_program
@@ -173,6 +175,21 @@ def test_two_phase_merges_fuse_into_one_node_over_the_blocks_and_the_partial(sty
     assert not {n.op_type for n in result.model.graph.node} & {"Softmax", "Exp", "ReduceLogSumExp", "Max",
                                                                "Sigmoid", "ReduceMax", "Einsum"}
     assert _score_weight_rows(result.model, (model.gain * model.query).detach().numpy()) == [0, 1, 2, 3, 4]
+    assert parity.ok and matches_torch(result.model, model)
+
+
+@pytest.mark.parametrize("cls", slow_after([TwoPhaseOnlineLM, TwoPhaseRunningLongBlockLM]))
+def test_merges_far_after_their_phase_1_and_of_an_unnormalized_phase_1_fuse_over_the_blocks_and_the_partial(cls):
+    """Blocks of 4: phase 1 for all queries of a block runs before its sublayers, so the merges come many nodes
+    later; TwoPhaseOnlineLM keeps phase 1 unnormalized, normalized only by the merge. Every merged sublayer is one
+    node over [blocks..., partial] with its own score weight."""
+    model = cls().eval()
+    result, parity = fuse(plain_onnx(cls, opset=18))
+    assert [s.reason for s in result.sites] == [""] * model.aggregations
+    nodes = [n for n in result.model.graph.node if n.domain == "attnres"]
+    assert [len(n.input) - 1 for n in nodes] == [1, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert not {n.op_type for n in result.model.graph.node} & {"Softmax", "Exp", "Max", "ReduceMax"}
+    assert _score_weight_rows(result.model, (model.gain * model.query).detach().numpy()) == list(range(9))
     assert parity.ok and matches_torch(result.model, model)
 
 

@@ -15,7 +15,7 @@ import onnx
 from attnres_export.graphs.fusion.depth.constants import GraphConstants
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.handwritten import exp_sum_divisor
+from attnres_export.graphs.fusion.handwritten import exp_sum, exp_sum_divisor
 from attnres_export.graphs.fusion.resolve import resolve_slot, strip_casts
 from attnres_export.ops.onnx_nodes import attribute
 
@@ -35,6 +35,9 @@ class SiteMatch:
     output: str
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     """Sources that are slots of a stacked constant, by the new names they get (constants.py)."""
+    normalizer: str | None = None
+    """The sum of exponentials ``output`` is still to be divided by, for a phase 1 kept unnormalized
+    (handwritten.py); its merge with the partial divides (merge.py)."""
 
 
 def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> SiteMatch:
@@ -64,9 +67,14 @@ def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.
     if len(shapes) != 1 or len({values[s].dtype for s in sources}) != 1:
         raise Rejected("the sources differ in shape or type")
     output = _weighted_sum(index, [node for node, _ in combines], next(iter(shapes)), values)
+    weighted = output
     output = _through_deferred_division(index, output, softmax.output[0])
-    output = _through_cast_back(index, output, values[sources[0]].dtype, values)
-    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots})
+    producer = index.producer.get(softmax.output[0])
+    normalizer = exp_sum(index, softmax.output[0]) \
+        if output == weighted and producer is not None and producer.op_type == "Exp" else None
+    if normalizer is None:
+        output = _through_cast_back(index, output, values[sources[0]].dtype, values)
+    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots}, normalizer)
 
 
 def _in_one_shape(index: GraphIndex, sources: list[str], values: ChainMap) -> list[str]:

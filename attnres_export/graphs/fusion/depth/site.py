@@ -38,6 +38,11 @@ def fuse_merged_or_plain(context: FusionContext, match: SiteMatch, merged: SiteM
                          name: str) -> Replacement:
     """The two-phase merge of ``match`` with its partial as one node (merge.py); when that merge does not verify,
     the phase-1 aggregation alone, with the reason the merge stays standard ops. Raises Rejected."""
+    if match.normalizer is not None:
+        if merged is None:
+            raise Rejected(f"phase 1 is kept unnormalized (its sum of exponentials {match.normalizer!r} apart) and "
+                           "no merge with a partial sum into a normalized result follows it")
+        return fuse_site(context, merged, name)
     if merged is None:
         return fuse_site(context, match, name)
     try:
