@@ -123,3 +123,23 @@ def test_unimplemented_or_inconsistent_keys_are_refused_in_one_line_naming_them(
     with pytest.raises(CheckpointError, match=message) as err:
         KimiLinearConfig.from_hf(saved_config(**edits), where="f/config.json")
     assert str(err.value).startswith("f/config.json: ") and "\n" not in str(err.value)
+
+
+@torch.inference_mode()
+def test_a_left_padded_prefill_and_its_decode_steps_match_transformers_on_the_real_tokens(pair):
+    reference, ours = pair
+    tokens = ids(2, 9, seed=8)
+    mask = torch.ones(2, 9, dtype=torch.int64)
+    mask[0, :3] = 0
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    want = reference(tokens, attention_mask=mask, position_ids=positions).logits
+    wrapper = ours.with_past()
+    out = wrapper(tokens[:, :7], mask[:, :7], positions[:, :7], empty_past(wrapper.cache_inputs(), 2))
+    steps, past = [out[0]], list(out[1:])
+    for i in (7, 8):
+        out = wrapper(tokens[:, i:i + 1], mask[:, :i + 1], positions[:, i:i + 1], past)
+        steps.append(out[0])
+        past = list(out[1:])
+    got = torch.cat(steps, dim=1)
+    assert relative_l2(got[1], want[1]) <= TOLERANCE
+    assert relative_l2(got[0, 3:], want[0, 3:]) <= TOLERANCE
