@@ -107,6 +107,22 @@ class KimiLinearConfig:
         return (f"kimi_linear body, {self.num_hidden_layers} layers ({kda} KDA, {self.num_hidden_layers - kda} "
                 f"MLA), {residual}")
 
+    def features(self) -> list[tuple[str, str]]:
+        """What this body computes, for ``attnres inspect``: (feature, setting) rows."""
+        kda, moe = self.kda, self.moe
+        sparse = [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
+        return [
+            ("family", MODEL_TYPE), ("layers", str(self.num_hidden_layers)),
+            ("KDA layers", f"{list(kda.kda_layers)} ({kda.num_heads} heads of {kda.head_dim}, conv {kda.conv_size})"),
+            ("latent attention", f"NoPE, {self.num_attention_heads} heads, q_lora_rank {self.q_lora_rank}, "
+                                 f"kv_lora_rank {self.kv_lora_rank}, nope/shared/v head dims "
+                                 f"{self.qk_nope_head_dim}/{self.qk_rope_head_dim}/{self.v_head_dim}"),
+            ("experts", f"{moe.num_experts} routed, top-{moe.top_k}, {moe.n_shared_experts} shared (sigmoid router, "
+                        f"{moe.topk_group} of {moe.n_group} groups) in layers {sparse}"),
+            ("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block" if self.attn_res
+             else "standard"),
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "hf_config": dict(self.hf_config)}
 

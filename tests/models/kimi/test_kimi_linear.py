@@ -108,6 +108,7 @@ def test_saved_spellings_are_read_as_transformers_attribute_map_reads_them():
     assert (cfg.moe.norm_topk_prob, cfg.moe.n_group, cfg.moe.num_experts, cfg.max_seq_len) == (False, 1, 4, 99)
     assert cfg.layer_types == ("linear_attention", "full_attention") * 2
     assert KimiLinearConfig.from_dict(cfg.to_dict()) == cfg
+    assert dict(cfg.features())["KDA layers"].startswith("[0, 2] (2 heads of 8")
 
 
 @pytest.mark.parametrize(("edits", "message"), [
