@@ -20,12 +20,12 @@ from attnres_export.exporter.assemble import assemble, plan_of
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.exporter.piece_trace import trace_kinds
-from attnres_export.exporter.with_past import past_feed_maker
 from attnres_export.graphs.inspect import summarize
 from attnres_export.models import load_checkpoint
 from attnres_export.models.base import PlanPiece
 from attnres_export.models.example import make_example
 from attnres_export.models.realformer import RealFormerConfig
+from attnres_export.parity.feeds import past_feed_maker
 from tests.conftest import write_checkpoint
 
 MODELS = {
