@@ -4,9 +4,7 @@ makes from the same Hugging Face checkpoint, every folder driven by onnxruntime-
 For each body (Llama- and Qwen3-style, transformers' ``save_pretrained`` at random init, with a small BPE tokenizer
 the builder needs) it makes:
 - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32|fp16 -e cpu``;
-- ``ours``: ``attnres-export SRC --with-past --target portable --genai OUT [--dtype float16]`` of the same weights
-  (the Hugging Face folder itself when attnres reads its ``model_type``; until then a Llama-style body goes through
-  AttnResLM with standard residuals, the same computation under our own names);
+- ``ours``: ``attnres-export HF --with-past --target portable --genai OUT [--dtype float16]`` of the same folder;
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
@@ -37,9 +35,9 @@ import onnxruntime_genai as og
 import torch
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
-         "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
          "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0}
-"""One size for every body: AttnResLM computes a Llama body with as many key/value heads as query heads."""
+"""One size for both bodies (grouped-query attention, 2 query heads per key/value head)."""
 ATTNRES_BLOCK_LAYERS = 2
 """K3's ``attn_res_block_size`` (decoder layers per block): Block AttnRes with 4 sublayers per block."""
 DTYPES = {"fp32": "float32", "fp16": "float16"}
@@ -108,51 +106,6 @@ def with_attnres_keys(source: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def our_source(hf: Path, out: Path) -> Path | None:
-    """What ``attnres-export`` reads for the standard-residual body: the folder itself when attnres knows its
-    ``model_type``, else (a Llama body) the same weights as an AttnResLM folder with standard residuals; None when
-    neither (a Qwen3 body before attnres reads Qwen3 folders)."""
-    from attnres_export.models.hf_folder import K3_LAYER, save_folder
-    from attnres_export.models.registry import config_from_dict, for_hf_model_type
-
-    config = json.loads((hf / "config.json").read_text())
-    if for_hf_model_type(config["model_type"]) is not None:
-        return hf
-    if config["model_type"] != "llama":
-        return None
-    from safetensors.torch import load_file
-
-    cfg = config_from_dict({
-        "arch": "attnres-lm", "vocab_size": config["vocab_size"], "max_seq_len": config["max_position_embeddings"],
-        "d_model": config["hidden_size"], "n_layers": config["num_hidden_layers"],
-        "n_heads": config["num_attention_heads"], "d_ff": config["intermediate_size"], "residual": "standard",
-        "block_size": 0,
-        "eps": config["rms_norm_eps"]})
-    tensors = load_file(hf / "model.safetensors")
-    state = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"],
-             "lm_head.weight": tensors["lm_head.weight"]}
-    for name, tensor in tensors.items():
-        if name.startswith("model.layers."):
-            _, _, index, leaf = name.split(".", 3)
-            state[f"layers.{index}.{K3_LAYER[leaf]}"] = tensor
-    save_folder(state, cfg, out)
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((hf / name).read_bytes())
-    return out
-
-
-def readable(source: Path) -> bool:
-    """Does attnres read this checkpoint folder?"""
-    from attnres_export.errors import AttnresError
-    from attnres_export.models.hf_folder import read_folder
-
-    try:
-        read_folder(source)
-    except AttnresError:
-        return False
-    return True
-
-
 def builder(hf: Path, out: Path, precision: str) -> Path:
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", precision,
            "-e", "cpu"]
@@ -202,7 +155,8 @@ def generate(model: og.Model, prompt: np.ndarray, new: int) -> tuple[float, floa
         generator.generate_next_token()
         steps += 1
     decode = time.perf_counter() - start
-    return prefill, prompt.shape[0] * (steps - 1) / decode, list(generator.get_sequence(0))[prompt.shape[1]:]
+    tokens = [int(t) for t in generator.get_sequence(0)[prompt.shape[1]:]]
+    return prefill, prompt.shape[0] * (steps - 1) / decode, tokens
 
 
 def prompt_ids(batch: int, length: int) -> np.ndarray:
@@ -262,18 +216,13 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
     notes: list[str] = []
     for body in args.bodies.split(","):
         hf = hf_folder(body, scratch / f"{body}-hf", seed=0)
-        standard = our_source(hf, scratch / f"{body}-attnres-lm")
         attnres = with_attnres_keys(hf, scratch / f"{body}-k3", seed=1)
         for precision in args.precisions.split(","):
             start = time.perf_counter()
             folders.append(Folder(body, precision, "builder", builder(hf, scratch / f"{body}-{precision}-builder",
                                                                       precision)))
             notes.append(f"{body} {precision}: builder {time.perf_counter() - start:.0f} s")
-            for kind, source in (("ours", standard), ("ours+attnres", attnres)):
-                if source is None or not readable(source):
-                    notes.append(f"{body} {precision} {kind}: attnres does not read this {body} folder yet "
-                                 "(the decoder bodies)")
-                    continue
+            for kind, source in (("ours", hf), ("ours+attnres", attnres)):
                 start = time.perf_counter()
                 folders.append(Folder(body, precision, kind, ours(source, scratch / f"{body}-{precision}-{kind}",
                                                                   precision, max(batches))))
