@@ -102,7 +102,7 @@ def _copy_tokenizer(source: Path, folder: Path) -> None:
 
 
 def _move_into_place(staged: Path, folder: Path, scratch: Path) -> None:
-    """Rename ``staged`` to ``folder``; a folder already there (checked by ``_check_folder``, or an earlier
+    """Rename ``staged`` to ``folder``; a folder already there (allowed by ``genai_options.check_folder``, or an earlier
     ``.failed`` one) is moved into ``scratch`` first and removed with it."""
     if folder.is_dir() and not folder.is_symlink():
         os.replace(folder, scratch / "previous")
