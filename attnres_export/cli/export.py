@@ -77,6 +77,9 @@ def export(
         "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
                         "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
     version: VersionOption = False,
+    trace_whole: Annotated[bool, typer.Option(
+        "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
+                              "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     if report is not None and not check:
@@ -85,6 +88,7 @@ def export(
     opts = ExportOptions(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
+        trace_whole=trace_whole,
     )
     if genai is not None:
         from attnres_export.exporter.genai_options import genai_options
@@ -92,7 +96,7 @@ def export(
         opts = genai_options(opts, genai)
     check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
 
-    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.export import export_any
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
 
@@ -106,7 +110,7 @@ def export(
             result = export_genai(opts, genai, foreign, status=lambda text: status.update(text))
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
-        if (warning := unfused_warning(result.fusion)) is not None:
+        for warning in fusion_warnings(result.fusion):
             err_console.print(warning)
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "

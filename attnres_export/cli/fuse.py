@@ -26,7 +26,7 @@ def fuse(
     """Replace every verified depth aggregation of MODEL by one AttnResAggregate node and every verified attention
     layer with residual scores (RealFormer) by one ResidualScoreAttention node, then check parity."""
     from attnres_export.atomic import write_text_atomic
-    from attnres_export.cli.render import fusion_table, report_table, unfused_warning
+    from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.foreign import refuse_unfused
     from attnres_export.exporter.options import publish
     from attnres_export.graphs.fusion import random_feeds
@@ -39,7 +39,7 @@ def fuse(
     with console.status("finding and verifying aggregations"):
         fusion, parity = fuse_and_check(original, random_feeds(original, seed, shapes, vocab), seed=seed)
     console.print(fusion_table(fusion))
-    if (warning := unfused_warning(fusion)) is not None:
+    for warning in fusion_warnings(fusion):
         err_console.print(warning)
     refuse_unfused(fusion, strict)
     console.print(report_table(parity, "Whole-model parity: fused against the original (ONNX Runtime CPU)"))

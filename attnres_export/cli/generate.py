@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,9 @@ def generate(
 
     if onnx is not None and engine is not None:
         raise AttnresError("pass --onnx or --engine, not both")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads is not None and threads > cores:
+        raise AttnresError(f"--threads {threads}: this machine gives the process {cores} cores; use at most {cores}")
     if (ids is None) == (prompt is None):
         raise AttnresError("pass exactly one of --ids and --prompt")
     sampling = Sampling(temperature, top_k, seed)

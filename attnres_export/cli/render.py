@@ -181,13 +181,19 @@ def fusion_table(fusion: FusionResult) -> Table:
     return table
 
 
-def unfused_warning(fusion: FusionResult) -> str | None:
-    """One line when depth aggregations stay as standard ops (they run, without the fused node)."""
-    left = fusion.unfused_depth
-    if not left:
-        return None
-    return (f"[yellow]warning:[/yellow] {len(left)} depth aggregation(s) were not fused, or only in part, and stay "
-            "as standard ops (reasons in the table); --strict makes this an error")
+def fusion_warnings(fusion: FusionResult) -> list[str]:
+    """One line when sites of any pattern stay as standard ops (they run, without the fused node), then one per
+    distinct warning of the fused sites, naming them."""
+    lines = [f"[yellow]warning:[/yellow] {_sites(sites)}: {warning}" for warning, sites in fusion.warnings.items()]
+    if fusion.unfused:
+        lines.insert(0, f"[yellow]warning:[/yellow] {fusion.unfused_summary()} were not fused, or only in part, and "
+                        "stay as standard ops (reasons in the table); --strict makes this an error")
+    return lines
+
+
+def _sites(sites: list[str]) -> str:
+    shown = ", ".join(sites[:3])
+    return f"{len(sites)} sites ({shown}{', ...' if len(sites) > 3 else ''})" if len(sites) > 1 else shown
 
 
 BENCH_TITLE = "Latency (median, p90, p99) and throughput at the median"

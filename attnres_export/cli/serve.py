@@ -21,7 +21,9 @@ def serve(
     http_port: Annotated[int, typer.Option(help="HTTP/REST port.")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
-    instances: Annotated[int, typer.Option(help="Model instances, each with its own runner.")] = 1,
+    instances: Annotated[int, typer.Option(
+        help="Model instances, each with its own runner (at most one per usable CPU core, and what memory holds).")
+                         ] = 1,
     max_batch: Annotated[int | None, typer.Option(
         help="Largest batch Triton's dynamic batcher forms [the artifact's batch range maximum].")] = None,
     max_queue_delay_us: Annotated[int, typer.Option(
@@ -49,9 +51,12 @@ def serve(
                       f"{batching}): HTTP {where.http}, gRPC {where.grpc}, metrics {where.metrics}; "
                       "SIGINT or SIGTERM stops", highlight=False)
 
+    def on_event(message: str) -> None:
+        console.print(message, highlight=False, soft_wrap=True)
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        run_server(options, stop, on_ready)
+        run_server(options, stop, on_ready, on_event)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

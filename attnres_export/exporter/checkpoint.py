@@ -22,6 +22,7 @@ from attnres_export.atomic import check_outputs, temporary_dir_beside
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
+from attnres_export.exporter.assemble import export_planned, plan_of
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
@@ -50,8 +51,9 @@ class _Job:
     """What one export traces, how it is stamped and what checks it: the plain graph or the with-past one."""
 
     ranges: dict[str, DimRange]
-    trace: Callable[[], ir.Model] | None
-    """Traces the export model; dropped once used, so that the model can be released."""
+    trace: Callable[[Callable[[str], None]], ir.Model] | None
+    """Traces (or assembles) the export model, reporting its phases; dropped once used, so that the model can be
+    released."""
     dynamic_dims: dict[str, dict[int, tuple[str, DimRange]]]
     metadata: dict
     expected_nodes: int
@@ -77,10 +79,13 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     job = _job(*_models(opts), opts)
     with temporary_dir_beside(out) as folder:
         stage = Stage(folder, out.name)
-        status(f"tracing and exporting to ONNX ({opts.dtype}, opset {opts.opset}), weights to disk")
-        graph = stage.write_traced(job.trace())
+        traced = job.trace(status)
         job.trace = None
+        status("writing the weights to the staging folder")
+        graph = stage.write_traced(traced)
+        del traced
         gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+        status(f"stamping the metadata and converting for the {opts.target} target")
         name_dynamic_dims(graph, job.dynamic_dims)
         graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
         stage.write_graph(graph)
@@ -134,8 +139,8 @@ def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module]
     dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
                for name, axes in traced.input_axes.items()}
     metadata = {"arch": cfg.arch, "inputs": inputs, "config": cfg.to_dict(), "model_id": model_id}
-    return _Job(ranges, lambda: _export(traced, ranges, dynamic, opts), dynamic, metadata, traced.fused_node_count(),
-                _check_shapes(ranges, False), reference_model, False, {})
+    return _Job(ranges, lambda status: _export(traced, ranges, dynamic, opts, status), dynamic, metadata,
+                traced.fused_node_count(), _check_shapes(ranges, False), reference_model, False, {})
 
 
 def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any,
@@ -155,8 +160,8 @@ def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.
                 "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "config": cfg.to_dict(),
                 "model_id": model_id, **wrapper.metadata()}
     dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
-    return _Job(ranges, lambda: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
-                                                 opts.fuse_norm)[0], dynamic,
+    return _Job(ranges, lambda status: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
+                                                        opts.fuse_norm, opts.trace_whole, status)[0], dynamic,
                 metadata, traced.fused_node_count(), _check_shapes(ranges, True), reference_model, True,
                 {"with_past": True, "shapes": "batch x seq x past"})
 
@@ -208,10 +213,16 @@ def _check_staged(path: Path, artifact: str, references: References, opts: Expor
 
 
 def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
-            dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions) -> ir.Model:
-    """Trace ``model`` in the export dtype: the model itself when its weights are stored in it (no copy)."""
+            dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions,
+            status: Callable[[str], None]) -> ir.Model:
+    """The ONNX model of ``model`` in the export dtype (the model itself when its weights are stored in it: no
+    copy): assembled from its export plan, or traced whole when its family has none or ``opts.trace_whole``."""
     export_model = model_as(model, opts.dtype)
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
+    plan = None if opts.trace_whole else plan_of(export_model, with_past=False, fuse_norm=opts.fuse_norm)
+    if plan is not None:
+        return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status)
+    status(f"tracing the whole model ({opts.dtype}, opset {opts.opset})")
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with export_model.score_weights_folded(), export_model.norms_fused() if opts.fuse_norm else nullcontext():

@@ -52,7 +52,7 @@ class ForeignOptions:
     given; ``example_input_dtype`` picks it from the name)."""
     trust_pickle: bool = False
     strict: bool = False
-    """Fail (and write nothing) when a depth aggregation is left unfused."""
+    """Fail (and write nothing) when a site of any fusion pattern is left unfused."""
     imports: list[str] = field(default_factory=list)
     vocab: int | None = None
     """Integer inputs are drawn from [0, vocab); default: the size of the table they index (ONNX) or the module's
@@ -108,12 +108,12 @@ class ForeignSource:
 
 
 def refuse_unfused(fusion: FusionResult, strict: bool) -> None:
-    """With ``--strict``, a depth aggregation left as standard ops is an error (nothing is written)."""
-    left = fusion.unfused_depth
+    """With ``--strict``, a site of any pattern left as standard ops is an error (nothing is written)."""
+    left = fusion.unfused
     if strict and left:
-        raise ExportError(f"--strict: {len(left)} depth aggregation(s) were not fused, or only in part (first: "
-                          f"{left[0].site}: "
-                          f"{left[0].reason}); drop --strict to write the model with them as standard ops")
+        raise ExportError(f"--strict: {fusion.unfused_summary()} were not fused, or only in part (first: "
+                          f"{left[0].site}: {left[0].reason}); drop --strict to write the model with them as "
+                          "standard ops")
 
 
 def load_foreign(kind: str, opts: ExportOptions, foreign: ForeignOptions) -> ForeignSource:

@@ -44,6 +44,8 @@ class ExportOptions:
     past: DimRange | None = None
     fuse_norm: bool = False
     """Export each aggregation and the RMSNorm after it as one AttnResAggregateNorm node."""
+    trace_whole: bool = False
+    """Trace the whole model, even when its family has an export plan (docs/exporter-notes.md#assembled-export)."""
 
     def resolved_output(self) -> Path:
         if self.output is not None:

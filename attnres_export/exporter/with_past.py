@@ -10,6 +10,7 @@ specialises sizes 0 and 1, so the graph is traced at a past length of at least 2
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
+from attnres_export.exporter.assemble import export_planned, plan_of
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.models.base import WithPastModel, step_input_axes, step_output_names
@@ -49,10 +51,12 @@ def _trace(rng: DimRange) -> int:
 
 
 def export_with_past(model: torch.nn.Module, ranges: dict[str, DimRange], dtype: str, opset: int, seed: int,
-                     fuse_norm: bool = False) -> tuple[ir.Model, WithPastModel]:
-    """Trace the with-past form of ``model`` in ``dtype`` (score weights folded, and aggregations fused with
-    their norms when ``fuse_norm``; a copy only when the weights are stored in another type) and return the ONNX
-    model and the with-past form of ``model`` itself (the reference)."""
+                     fuse_norm: bool = False, trace_whole: bool = False,
+                     status: Callable[[str], None] = lambda _: None) -> tuple[ir.Model, WithPastModel]:
+    """The ONNX model of the with-past form of ``model`` in ``dtype`` (score weights folded, and aggregations fused
+    with their norms when ``fuse_norm``; a copy only when the weights are stored in another type), assembled from
+    the model's export plan or, without one or with ``trace_whole``, traced whole; and the with-past form of
+    ``model`` itself (the reference)."""
     reference = model.with_past()
     if reference is None:
         raise ExportError(f"--with-past: {model.config.arch} models have no KV cache; drop --with-past")
@@ -63,6 +67,11 @@ def export_with_past(model: torch.nn.Module, ranges: dict[str, DimRange], dtype:
     cfg = model.config
     b, t, p = (_trace(ranges[name]) for name in ("batch", "seq", "past"))
     p = max(min(p, cfg.max_seq_len - t), ranges["past"].min)
+    plan = None if trace_whole else plan_of(export_model, with_past=True, fuse_norm=fuse_norm)
+    if plan is not None:
+        sizes = {"batch": b, "seq": t, "past": p, "total": p + t}
+        return export_planned(export_model, plan, ranges, sizes, dtype, opset, status), reference
+    status(f"tracing the whole with-past model ({dtype}, opset {opset})")
     rng = np.random.default_rng(seed)
     ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64))
     mask = torch.ones(b, p + t, dtype=torch.int64)

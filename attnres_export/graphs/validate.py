@@ -1,6 +1,7 @@
 """Refusing attnres nodes that break the op-set contract before anything (ONNX Runtime, TensorRT, a graph
 transform) reads them: a malformed node gives one line naming the node and the problem, never a raw
-IndexError or an abort inside ONNX Runtime."""
+IndexError or an abort inside ONNX Runtime. A model-local function that would stand in for an attnres op is
+refused the same way."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import onnx
 
 from attnres_export.errors import OpSetError
 from attnres_export.ops.descriptors import OPS, descriptor_of, is_attnres
+from attnres_export.ops.opset import DOMAIN
 
 
 def attnres_node_problems(model: onnx.ModelProto) -> list[str]:
     """One line per problem of every attnres node (structure first; then the shapes the file states)."""
-    problems = []
+    problems = shadowing_functions(model)
     for index, node in enumerate(model.graph.node):
         if not is_attnres(node):
             continue
@@ -33,6 +35,16 @@ def attnres_node_problems(model: onnx.ModelProto) -> list[str]:
             if problem:
                 problems.append(f"node {node.name or f'#{index}'!r} ({node.op_type}): {problem}")
     return problems
+
+
+def shadowing_functions(model: onnx.ModelProto) -> list[str]:
+    """Model-local functions that would stand in for an attnres op: any function of the ``attnres`` domain, and any
+    named like an attnres op (onnx-tensorrt matches local functions by name alone, so TensorRT before 10.7 runs the
+    function's body instead of the plugin; ONNX Runtime would run it instead of the op)."""
+    return [f"model-local function {function.domain or '(default domain)'}::{function.name} defines "
+            f"{'the attnres op ' + function.name if function.name in OPS else 'an op of the attnres domain'}, whose "
+            "body would run instead of the attnres op or plugin; remove it from the model's functions"
+            for function in model.functions if function.domain == DOMAIN or function.name in OPS]
 
 
 def declared_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:

@@ -20,7 +20,13 @@ from torch import nn
 
 from attnres_export.models.base import (
     CacheInput,
+    ExportPlan,
     KeepFloat32,
+    PlanAdd,
+    PlanAggregate,
+    PlanPiece,
+    PlanStep,
+    PlanValue,
     empty_past,
     step_input_axes,
     step_output_names,
@@ -146,6 +152,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
+def step_tables(rotary: Rotary, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_len: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rotary tables ``[B, 1, T, hd]`` of the new tokens' positions and the causal and padding mask
+    ``allowed [B, 1, T, P+T]`` of one with-past step (shared by every attention layer)."""
+    cos = rotary.cos[position_ids].unsqueeze(1)
+    sin = rotary.sin[position_ids].unsqueeze(1)
+    t, total = position_ids.shape[1], attention_mask.shape[1]
+    key_pos = torch.arange(total, device=position_ids.device)
+    query_pos = torch.arange(t, device=position_ids.device) + past_len
+    causal = key_pos[None, :] <= query_pos[:, None]
+    return cos, sin, causal[None, None] & attention_mask[:, None, None, :].bool()
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: AttnResLMConfig) -> None:
         super().__init__()
@@ -269,14 +288,7 @@ class AttnResLM(nn.Module):
         values of every attention layer ``[B, H, P, hd]`` in order k_0, v_0, k_1, ... (``P`` may be 0). Returns
         ``logits [B, T, V]`` float32 and the presents ``[B, H, P+T, hd]`` in the same order. AttnRes needs no
         other state: block representations live inside one forward pass, over the new tokens only."""
-        cos = self.rotary.cos[position_ids].unsqueeze(1)
-        sin = self.rotary.sin[position_ids].unsqueeze(1)
-        t, total = input_ids.shape[1], attention_mask.shape[1]
-        past_len = past[0].shape[2]
-        key_pos = torch.arange(total, device=input_ids.device)
-        query_pos = torch.arange(t, device=input_ids.device) + past_len
-        causal = key_pos[None, :] <= query_pos[:, None]
-        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()
+        cos, sin, allowed = step_tables(self.rotary, attention_mask, position_ids, past[0].shape[2])
         cache = _KVStep(past, allowed)
         h = self.embed(input_ids)
         if self.config.residual == "standard":
@@ -357,6 +369,77 @@ class AttnResLM(nn.Module):
     def with_past(self) -> AttnResLMWithPast:
         return AttnResLMWithPast(self)
 
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False) -> ExportPlan:
+        """The model as the exporter assembles it (models/base.py:ExportPlan): pieces of four kinds (the embedding,
+        the attention and MLP sublayers, the head) with the aggregations, or the residual adds, between them, in the
+        order ``forward`` (``forward_with_past``) computes them."""
+        cfg = self.config
+        attnres = cfg.residual == "attnres"
+        if fuse_norm and not attnres:
+            raise ValueError("fuse_norm needs depth aggregations; this model has standard residuals")
+        hidden = PlanValue("x", ("batch", "seq", cfg.d_model))
+        ids = PlanValue("input_ids", ("batch", "seq"), "int64")
+        cache = self.with_past().cache_inputs() if with_past else []
+        if with_past:
+            inputs = (ids, PlanValue("attention_mask", ("batch", "total"), "int64"),
+                      PlanValue("position_ids", ("batch", "seq"), "int64"),
+                      *(PlanValue(c.name, c.axes, c.dtype) for c in cache))
+            rows: tuple[str | int, ...] = ("batch", 1, "seq", cfg.head_dim)
+            embed = PlanPiece("embedding", "embed", _StepEmbeddingPiece(self),
+                              ("input_ids", "attention_mask", "position_ids", cache[0].name),
+                              ("embedding", "cos", "sin", "allowed"), inputs[:4])
+        else:
+            inputs = (ids,)
+            rows = ("seq", cfg.head_dim)
+            embed = PlanPiece("embedding", "embed", _EmbeddingPiece(self), ("input_ids",), ("embedding", "cos", "sin"),
+                              inputs)
+        tables = (PlanValue("cos", rows, "float32"), PlanValue("sin", rows, "float32"))
+        mask = PlanValue("allowed", ("batch", 1, "seq", "total"), "bool")
+        steps: list[PlanStep] = [embed]
+        layers_cache = iter(cache)
+
+        def sublayer(j: int, prenorm: RMSNorm, fn: nn.Module, x: str) -> str:
+            name = _sublayer_name(j)
+            module = _SublayerPiece(None if fuse_norm else prenorm, fn, with_past)
+            if not isinstance(fn, Attention):
+                steps.append(PlanPiece("mlp", name, module, (x,), (f"{name}.out",), (hidden,)))
+                return f"{name}.out"
+            kv = [next(layers_cache), next(layers_cache)] if with_past else []
+            signature = (hidden, *tables, *(PlanValue(f"past_{i}", c.axes, c.dtype) for i, c in enumerate(kv)),
+                         *((mask,) if with_past else ()))
+            steps.append(PlanPiece("attention", name, module,
+                                   (x, "cos", "sin", *(c.name for c in kv), *(("allowed",) if with_past else ())),
+                                   (f"{name}.out", *(c.present for c in kv)), signature))
+            return f"{name}.out"
+
+        def aggregate(name: str, aggregation: DepthAggregation, sources: list[str], norm: RMSNorm) -> str:
+            steps.append(PlanAggregate(
+                name, tuple(sources), f"{name}.out", aggregation.compute_score_weight().detach(), aggregation.eps,
+                at_least_float32(norm.weight).detach() if fuse_norm else None, norm.eps if fuse_norm else 0.0))
+            return f"{name}.out"
+
+        if attnres:
+            size, last = cfg.block_size or 1, cfg.n_sublayers - 1
+            blocks, partial = ["embedding"], None
+            for j, (aggregation, prenorm, fn) in enumerate(self.sublayers()):
+                sources = blocks if partial is None else [*blocks, partial]
+                u = sublayer(j, prenorm, fn, aggregate(f"{_sublayer_name(j)}_res", aggregation, sources, prenorm))
+                if partial is not None:
+                    steps.append(PlanAdd(partial, u, f"{_sublayer_name(j)}.partial"))
+                partial = u if partial is None else f"{_sublayer_name(j)}.partial"
+                if (j + 1) % size == 0 or j == last:
+                    blocks.append(partial)
+                    partial = None
+            head_in = aggregate("out_res", self.out_res, blocks, self.norm)
+        else:
+            head_in = "embedding"
+            for j, (_, prenorm, fn) in enumerate(self.sublayers()):
+                steps.append(PlanAdd(head_in, sublayer(j, prenorm, fn, head_in), f"{_sublayer_name(j)}.residual"))
+                head_in = f"{_sublayer_name(j)}.residual"
+        steps.append(PlanPiece("head", "head", _HeadPiece(None if fuse_norm else self.norm, self.lm_head),
+                               (head_in,), ("logits",), (hidden,)))
+        return ExportPlan(inputs, tuple(steps), ("logits", *(c.present for c in cache)))
+
     STATE_SIZE_KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
         "embed.weight": ("vocab_size", "d_model"), "layers.0.mlp.w1.weight": ("d_ff", "d_model")}
     """State_dict entries whose shapes pin the config's sizes (config field per axis), checked before building."""
@@ -372,6 +455,66 @@ class AttnResLM(nn.Module):
                     param.normal_(0.0, 2.0 / math.sqrt(self.config.d_model))
                 elif name.endswith("norm.weight"):
                     param.copy_(1.0 + 0.1 * torch.randn_like(param))
+
+
+def _sublayer_name(j: int) -> str:
+    """``layers.{i}.attn`` / ``layers.{i}.mlp``: the module path of sublayer ``j``'s function."""
+    return f"layers.{j // 2}.{'mlp' if j % 2 else 'attn'}"
+
+
+class _EmbeddingPiece(nn.Module):
+    """The plain graph's first piece: the token embedding and the rotary tables of positions 0..T-1."""
+
+    def __init__(self, lm: AttnResLM) -> None:
+        super().__init__()
+        self.embed, self.rotary = lm.embed, lm.rotary
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary(input_ids.shape[1])
+        return self.embed(input_ids), cos, sin
+
+
+class _StepEmbeddingPiece(nn.Module):
+    """The with-past graph's first piece: the token embedding, the rotary tables of the new positions and the
+    mask (``past_key`` gives the past length)."""
+
+    def __init__(self, lm: AttnResLM) -> None:
+        super().__init__()
+        self.embed, self.rotary = lm.embed, lm.rotary
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past_key: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.embed(input_ids), *step_tables(self.rotary, attention_mask, position_ids, past_key.shape[2])
+
+
+class _SublayerPiece(nn.Module):
+    """One sublayer on its input: the prenorm (unless an AttnResAggregateNorm applied it), then the attention or
+    the MLP; a cached attention also takes the past keys, values and the mask and returns the presents."""
+
+    def __init__(self, prenorm: RMSNorm | None, fn: nn.Module, cached: bool) -> None:
+        super().__init__()
+        self.prenorm, self.fn, self.cached = prenorm, fn, cached
+
+    def forward(self, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.prenorm is not None:
+            x = self.prenorm(x)
+        if not isinstance(self.fn, Attention):
+            return self.fn(x)
+        if not self.cached:
+            return self.fn(x, *extra)
+        cos, sin, past_k, past_v, allowed = extra
+        return self.fn.forward_cached(x, cos, sin, past_k, past_v, allowed)
+
+
+class _HeadPiece(nn.Module):
+    """The last piece: the final norm (unless an AttnResAggregateNorm applied it) and the LM head, float32 logits."""
+
+    def __init__(self, norm: RMSNorm | None, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return at_least_float32(self.lm_head(x if self.norm is None else self.norm(x)))
 
 
 class AttnResLMWithPast(nn.Module):

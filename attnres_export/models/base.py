@@ -101,6 +101,87 @@ class WithPastModel(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PlanValue:
+    """A tensor of an export plan: a graph input, or an input of a piece's signature.
+
+    ``axes`` names each axis (``"batch"``, ``"seq"``, ``"past"``, ``"total"``: the export's dims) or gives its static
+    size; ``dtype`` is ``"model"`` (the export's storage type) or a torch dtype name (``"float32"``, ``"int64"``,
+    ``"bool"``)."""
+
+    name: str
+    axes: tuple[str | int, ...]
+    dtype: str = "model"
+
+
+@dataclass(frozen=True)
+class PlanPiece:
+    """One traced piece of a plan: ``module(*inputs) -> outputs`` (a tensor or a tuple).
+
+    Pieces of one ``kind`` compute the same function of their inputs and weights, so the exporter traces the first
+    one and binds a copy of its graph to each piece's own weights: the module's parameters and buffers, named in
+    the graph by their names in the model. ``signature`` describes the inputs, in order (read from the first piece of
+    a kind)."""
+
+    kind: str
+    name: str
+    """Prefix of this copy's node and value names (``layers.3.attn``)."""
+    module: nn.Module
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    signature: tuple[PlanValue, ...]
+
+
+@dataclass(frozen=True)
+class PlanAggregate:
+    """One depth aggregation between pieces: ``AttnResAggregate(score_weight, *sources)``, or with ``norm_weight``
+    ``AttnResAggregateNorm`` (the aggregation and the RMSNorm that reads it; docs/op-set.md). The weights are float32
+    ``[D]`` tensors, written as initializers ``{name}.score_weight`` and ``{name}.norm_weight``."""
+
+    name: str
+    sources: tuple[str, ...]
+    output: str
+    score_weight: torch.Tensor
+    eps: float
+    norm_weight: torch.Tensor | None = None
+    norm_eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanAdd:
+    """``output = a + b`` (a residual stream, a block's partial sum)."""
+
+    a: str
+    b: str
+    output: str
+
+
+PlanStep = PlanPiece | PlanAggregate | PlanAdd
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """A model as the exporter assembles it (docs/exporter-notes.md#assembled-export): graph inputs, then steps in
+    order, each reading values named by the graph inputs or earlier steps, and the graph outputs in order."""
+
+    inputs: tuple[PlanValue, ...]
+    steps: tuple[PlanStep, ...]
+    outputs: tuple[str, ...]
+
+    def pieces(self) -> list[PlanPiece]:
+        return [step for step in self.steps if isinstance(step, PlanPiece)]
+
+
+@runtime_checkable
+class PlannedModel(Protocol):
+    """A model that can be exported piece by piece (optional: a family without it is traced whole)."""
+
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False) -> ExportPlan:
+        """The plan of the plain graph (or with ``with_past``, of the with-past graph); ``fuse_norm`` as
+        ``norms_fused()``. Called on the model in the export dtype."""
+        ...
+
+
 def step_input_axes(cache: list[CacheInput]) -> dict[str, list[str | int]]:
     """Axis names of every input of a with-past graph (``total`` = ``past + seq``)."""
     axes: dict[str, list[str | int]] = {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "total"],

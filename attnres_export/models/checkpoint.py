@@ -221,10 +221,13 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
 
 
 def _finite(value: torch.Tensor, key: str, path: Path) -> torch.Tensor:
-    """``value`` when it holds no NaN or infinity. One-byte float types are widened first: torch calls every
+    """``value`` when it holds no NaN or infinity. A finite float32 sum proves it (a NaN or an infinity makes every
+    sum NaN or infinite) in one pass and without a mask, several times faster than ``isfinite`` over the weights
+    (docs/exporter-notes.md#assembled-export); only a sum that is not finite (such a value, or finite values whose
+    sum overflows float32) is checked element by element. One-byte float types are widened first: torch calls every
     float8_e8m0fnu value finite, its NaN (0xFF) included."""
     probe = value.float() if value.element_size() == 1 else value
-    if not bool(torch.isfinite(probe).all()):
+    if not bool(torch.isfinite(probe.sum(dtype=torch.float32))) and not bool(torch.isfinite(probe).all()):
         raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
                               "corrupted (re-save them from a healthy model)")
     return value

@@ -99,6 +99,19 @@ ARCHITECTURES: dict[str, Architecture] = {
             hf_reader="attnres_export.models.decoder.folder:read_hf",
             example_folder="attnres_export.models.decoder.example:write_example_folder",
         ),
+        Architecture(
+            name="kimi-linear", summary="Kimi Linear (Kimi Delta Attention and NoPE latent attention, dense and MoE "
+                                        "feed-forwards), with or without Kimi K3's Attention Residuals",
+            model="attnres_export.models.kimi.model:KimiLinearLM",
+            config="attnres_export.models.kimi.lm_config:KimiLinearConfig",
+            capabilities=Capabilities(with_past=True, fuse_norm=True, ops=("AttnResAggregate", "AttnResAggregateNorm",
+                                                                           "KimiDeltaAttention"),
+                                      generates_text=True),
+            hf_model_types=("kimi_linear",),
+            hf_architecture="KimiLinearForCausalLM",
+            hf_reader="attnres_export.models.kimi.folder:read_hf",
+            example_folder="attnres_export.models.kimi.example:write_example_folder",
+        ),
     )
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 import sysconfig
 from pathlib import Path
@@ -13,7 +14,16 @@ from types import ModuleType
 
 from attnres_export.errors import AttnresError
 
-INSTALL_HINT = "pip install attnres-export[serve]"
+SERVE_REQUIREMENTS = ("nvidia-pytriton>=0.7", "tritonclient[http,grpc]>=2.50", "aiohttp>=3.9", "ml-dtypes==0.5.4")
+"""The ``serve`` extra of pyproject.toml (a test keeps the two equal). attnres-export is not on a package index,
+so ``pip install attnres-export[serve]`` finds nothing: the hint installs these into this interpreter."""
+NUMPY_NOTE = "every nvidia-pytriton release requires numpy<2, so this moves NumPy to 1.26 (docs/serving.md)"
+
+
+def install_hint() -> str:
+    """The command that installs the extra into the running interpreter's environment, and what it changes."""
+    specs = " ".join(shlex.quote(r) for r in SERVE_REQUIREMENTS)
+    return f"{shlex.quote(sys.executable)} -m pip install {specs} ({NUMPY_NOTE})"
 
 
 class ServeError(AttnresError):
@@ -26,7 +36,7 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         missing = exc.name or module
-        raise ServeError(f"{what} needs the serve extra ({missing} is not installed): {INSTALL_HINT}") from exc
+        raise ServeError(f"{what} needs the serve extra ({missing} is not installed): {install_hint()}") from exc
 
 
 _MODEL_CONFIG: dict[str, ModuleType] = {}
@@ -44,14 +54,14 @@ def model_config_pb2() -> ModuleType:
                  if (Path(f) / "grpc" / "model_config_pb2.py").is_file()), None)
     if path is None:
         raise ServeError(f"checking a Triton config needs tritonclient's model_config_pb2 (the serve extra): "
-                         f"{INSTALL_HINT}")
+                         f"{install_hint()}")
     module_spec = importlib.util.spec_from_file_location("attnres_export_triton_model_config_pb2", path)
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:  # protobuf runtime too old or too new for the generated file
         raise ServeError(f"cannot load Triton's config schema {path} ({type(exc).__name__}: {exc}); install the "
-                         f"versions the serve extra pins: {INSTALL_HINT}") from exc
+                         f"versions the serve extra pins: {install_hint()}") from exc
     _MODEL_CONFIG["module"] = module
     return module
 

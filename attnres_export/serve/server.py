@@ -2,9 +2,13 @@
 instances: ONNX through the ONNX Runtime runner (attnres reference ops, bfloat16 emulation), engines through the
 TensorRT runner.
 
-Triton's dynamic batcher gathers requests for up to ``max_queue_delay_us``; each model instance owns one runner
-(its own ONNX Runtime session or TensorRT context). The server stops cleanly when ``stop`` is set (the command
-sets it on SIGINT/SIGTERM): in-flight requests finish, the server process and its Python-backend stubs exit.
+The public ports belong to the front (front.py), which checks every request against the model's limits
+(limits.py) and answers health and readiness; Triton listens on loopback ports behind it (backend.py). Triton's
+dynamic batcher gathers requests for up to ``max_queue_delay_us``; each model instance owns one runner (its own
+ONNX Runtime session or TensorRT context). The supervisor here watches every process that serves the model and
+replaces the backend when one dies (the front reports not-ready meanwhile). The server stops cleanly when
+``stop`` is set (the command sets it on SIGINT/SIGTERM): in-flight requests finish, the server process and its
+Python-backend stubs exit, the workspace is removed (workspace.py; by its guard if this process is killed).
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from attnres_export.serve.dependencies import ServeError, require, server_environment
+from attnres_export.serve.backend import TritonBackend
+from attnres_export.serve.dependencies import ServeError, require
+from attnres_export.serve.front import Front, FrontState
+from attnres_export.serve.limits import RequestLimits, engine_limits, onnx_limits
 from attnres_export.serve.signature import Signature, engine_signature, is_engine, onnx_signature
+from attnres_export.serve.workspace import ServeWorkspace
 
 MODEL_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -40,14 +50,27 @@ class ServeOptions:
     exit_timeout_s: int = 10
 
 
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600
+"""The backend is replaced at most this often in this window; a fourth death in it ends the server (exit 1)."""
+START_ATTEMPTS = 5
+"""Tries to start a backend before the server gives up (exit 1)."""
+STUB_BYTES = 128 * 1024 * 1024
+"""Memory one instance costs beside its model's weights: a Python-backend stub process (a Python interpreter with
+PyTriton's proxy, 45 MB RSS) and its session's buffers: a second instance of the 1 MB example export added 53 MB
+RSS (8 MB in the serving process); rounded up for larger activations."""
+
+
 @dataclass
 class ServedModel:
-    """What the server runs: the model's name, signature, runners (one per instance) and backend."""
+    """What the server runs: the model's name, signature, request limits, runners (one per instance) and
+    backend."""
 
     name: str
     signature: Signature
     runners: list
     backend: str
+    limits: RequestLimits
 
 
 def model_name_for(artifact: Path, given: str | None) -> str:
@@ -78,40 +101,89 @@ def check_ports(options: ServeOptions) -> None:
                                  f"is another server using it? choose another {option}") from exc
 
 
-def load_model(options: ServeOptions) -> ServedModel:
-    """Runners for ``options.instances`` instances of the artifact, activated, and its signature."""
-    if options.instances < 1:
-        raise ServeError(f"--instances {options.instances}: must be at least 1")
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (``None`` where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_instances(instances: int, model_bytes: int | None = None) -> None:
+    """At least one instance, at most one per usable core (more only queue for the same cores: each ONNX Runtime
+    session already runs one thread per core) and, once the model's size is known, no more than the available
+    memory holds."""
+    if instances < 1:
+        raise ServeError(f"--instances {instances}: must be at least 1")
+    cores = usable_cores()
+    if instances > cores:
+        raise ServeError(f"--instances {instances} is over this machine's {cores} usable CPU cores (one instance "
+                         f"per core at most); use --instances {cores} or fewer")
+    memory = available_memory()
+    if model_bytes is None or memory is None:
+        return
+    each = model_bytes + STUB_BYTES
+    if instances * each > memory:
+        raise ServeError(f"--instances {instances} needs about {instances * each / 2**20:.0f} MB ({each / 2**20:.0f} "
+                         f"MB each: the model's weights and a stub process); {memory / 2**20:.0f} MB is available, "
+                         f"enough for {memory // each}")
+
+
+def prepare_model(options: ServeOptions) -> ServedModel:
+    """The artifact's runners (not yet activated), signature and request limits, instances checked against the
+    machine."""
     if not Path(options.artifact).is_file():
         raise ServeError(f"{options.artifact}: no such file")
+    check_instances(options.instances)
     name = model_name_for(options.artifact, options.model_name)
-    runners = []
+    if is_engine(options.artifact):
+        from attnres_export.backends.factory import engine_runner
+
+        check_instances(options.instances, Path(options.artifact).stat().st_size)
+        runners = [engine_runner(Path(options.artifact), options.plugin, options.allow_engine_host_code)[0]
+                   for _ in range(options.instances)]
+        signature = engine_signature(runners[0]).with_max_batch(options.max_batch)
+        return ServedModel(name, signature, runners, "TensorRT", engine_limits(name, signature))
+    from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from attnres_export.graphs.load import load_onnx
+
+    model = load_onnx(Path(options.artifact))
+    check_instances(options.instances, model.ByteSize())
+    signature = onnx_signature(model).with_max_batch(options.max_batch)
+    limits = onnx_limits(name, model, signature)
+    runners = [OnnxRuntimeRunner(model, artifact=Path(options.artifact).name) for _ in range(options.instances)]
+    return ServedModel(name, signature, runners, runners[0].backend, limits)
+
+
+def activate(served: ServedModel, stop: threading.Event | None = None) -> None:
+    """Activate every runner (stopping early when ``stop`` is set); on failure none stays active."""
     try:
-        if is_engine(options.artifact):
-            from attnres_export.backends.factory import engine_runner
-
-            for _ in range(options.instances):
-                runner, _ = engine_runner(Path(options.artifact), options.plugin, options.allow_engine_host_code)
-                runners.append(runner)
-            signature = engine_signature(runners[0])
-            backend = "TensorRT"
-        else:
-            from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
-            from attnres_export.graphs.load import load_onnx
-
-            model = load_onnx(Path(options.artifact))
-            signature = onnx_signature(model)
-            runners = [OnnxRuntimeRunner(model, artifact=Path(options.artifact).name)
-                       for _ in range(options.instances)]
-            backend = runners[0].backend
-        signature = signature.with_max_batch(options.max_batch)
-        for runner in runners:
+        for runner in served.runners:
+            if stop is not None and stop.is_set():
+                break
             runner.activate()
     except BaseException:
-        for runner in runners:
-            runner.deactivate()
+        deactivate(served)
         raise
-    return ServedModel(name, signature, runners, backend)
+
+
+def deactivate(served: ServedModel) -> None:
+    for runner in served.runners:
+        runner.deactivate()
+
+
+def load_model(options: ServeOptions, stop: threading.Event | None = None) -> ServedModel:
+    """``prepare_model`` and ``activate``: runners for ``options.instances`` instances, ready to run."""
+    served = prepare_model(options)
+    activate(served, stop)
+    return served
 
 
 def infer_function(runner, signature: Signature) -> Callable[[list], list[dict[str, np.ndarray]]]:
@@ -161,56 +233,96 @@ def endpoints(options: ServeOptions) -> Endpoints:
     return Endpoints(f"{host}:{options.http_port}", f"{host}:{options.grpc_port}", f"{host}:{options.metrics_port}")
 
 
+class Supervisor:
+    """Runs the backend, watches it, and replaces it when a process that serves the model dies (at most
+    ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``); the front reports not-ready while it is replaced.
+
+    A start that fails is tried again, up to ``START_ATTEMPTS`` times (a loaded machine made PyTriton's
+    instance handshake miss its deadline before handshake.py lengthened it)."""
+
+    def __init__(self, served: ServedModel, options: ServeOptions, state: FrontState, workspace: ServeWorkspace,
+                 on_event: Callable[[str], None], make_backend: Callable[..., TritonBackend] = TritonBackend) -> None:
+        self.served, self.options, self.state, self.workspace = served, options, state, workspace
+        self.on_event = on_event
+        self.make_backend = make_backend
+        self.backend: TritonBackend | None = None
+        self.generation = 0
+        self.infer_functions = [infer_function(r, served.signature) for r in served.runners]
+
+    def start(self, stop: threading.Event):
+        """A started backend's addresses (``None``: ``stop`` was set first), trying up to ``START_ATTEMPTS``."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.backend = self.make_backend(self.served.name, self.served.signature, self.infer_functions,
+                                             self.workspace.generation(self.generation), self.options.exit_timeout_s,
+                                             self.options.max_queue_delay_us, self.workspace.leftover)
+            self.generation += 1
+            try:
+                return self.backend.start(stop)
+            except ServeError as failure:
+                if attempt == START_ATTEMPTS:
+                    raise ServeError(f"{failure} (start {attempt} of {START_ATTEMPTS}; giving up)") from failure
+                self.state.not_ready(f"the backend is starting again ({failure})")
+                self.on_event(f"{failure}; starting the backend again (start {attempt + 1} of {START_ATTEMPTS})")
+                self.stop_backend()
+        return None
+
+    def run(self, stop: threading.Event, on_ready: Callable[[], None], poll_s: float) -> None:
+        """Until ``stop`` is set (the backend then still runs: ``stop_backend`` after the front has drained)."""
+        deaths: deque[float] = deque()
+        announced = False
+        while not stop.is_set():
+            addresses = self.start(stop)
+            if addresses is None:
+                return
+            self.state.serving(addresses.http, addresses.grpc, addresses.metrics)
+            if not announced:
+                on_ready()
+                announced = True
+            else:
+                self.on_event(f"the backend is serving {self.served.name} again")
+            dead = None
+            while dead is None and not stop.wait(poll_s):
+                dead = self.backend.dead()
+            if dead is None:
+                return
+            self.state.not_ready(f"{dead} died; the backend is restarting")
+            now = time.monotonic()
+            deaths.append(now)
+            while deaths[0] < now - RESTART_WINDOW_S:
+                deaths.popleft()
+            if len(deaths) > MAX_RESTARTS:
+                raise ServeError(f"{dead} died, the backend's {len(deaths)}th death in {RESTART_WINDOW_S // 60} "
+                                 "minutes; giving up")
+            self.on_event(f"{dead} died; restarting the backend (restart {len(deaths)} of at most {MAX_RESTARTS} "
+                          f"in {RESTART_WINDOW_S // 60} minutes)")
+            self.stop_backend()
+
+    def stop_backend(self) -> None:
+        if self.backend is not None:
+            self.backend.stop()
+            self.backend = None
+        self.workspace.remove_leftovers()
+
+
 def serve(options: ServeOptions, stop: threading.Event, on_ready: Callable[[ServedModel, Endpoints], None],
-          poll_s: float = 0.5) -> None:
-    """Run the server until ``stop`` is set (or the server dies: an error); always stops it and the runners."""
-    require("tritonclient.http", "attnres serve")
-    triton_module = require("pytriton.triton", "attnres serve")
-    model_config = require("pytriton.model_config", "attnres serve")
+          on_event: Callable[[str], None] = lambda _: None, poll_s: float = 0.5) -> None:
+    """Run the server until ``stop`` is set (or the backend keeps dying: an error); always stops the front, the
+    backend and the runners, and removes the workspace."""
+    for module in ("tritonclient.http", "tritonclient.grpc.service_pb2", "pytriton.triton", "aiohttp", "grpc.aio"):
+        require(module, "attnres serve")
     check_ports(options)
-    served = load_model(options)
-    if stop.is_set():  # a signal arrived while the runners loaded
-        for runner in served.runners:
-            runner.deactivate()
-        return
-    # The Python-backend stub links libpython3.X: this interpreter's must come first (server_environment).
-    library_path = server_environment().get("LD_LIBRARY_PATH")
-    if library_path:
-        os.environ["LD_LIBRARY_PATH"] = library_path
-    sig = served.signature
-    config = triton_module.TritonConfig(
-        http_address=options.host, http_port=options.http_port, grpc_address=options.host,
-        grpc_port=options.grpc_port, metrics_address=options.host, metrics_port=options.metrics_port,
-        exit_timeout_secs=options.exit_timeout_s, allow_gpu_metrics=False, log_verbose=0)
-    # Statistics stay readable (as on a stock Triton server); the endpoints that change the server keep
-    # PyTriton's generated access token.
-    security = triton_module.TritonSecurityConfig(
-        restricted_endpoints=["shared-memory", "model-repository", "trace", "logging"])
-
-    def tensors(specs, batched: bool):
-        return [model_config.Tensor(name=s.name, dtype=np.dtype(s.served_dtype),
-                                    shape=tuple(s.dims[1:] if batched else s.dims)) for s in specs]
-
-    bound_config = model_config.ModelConfig(
-        max_batch_size=sig.max_batch, batching=sig.batched,
-        batcher=model_config.DynamicBatcher(max_queue_delay_microseconds=options.max_queue_delay_us))
-    triton = None
-    try:
-        triton = triton_module.Triton(config=config, security_config=security)
-        triton.bind(model_name=served.name, infer_func=[infer_function(r, sig) for r in served.runners],
-                    inputs=tensors(sig.inputs, sig.batched), outputs=tensors(sig.outputs, sig.batched),
-                    config=bound_config, strict=True)
+    served = prepare_model(options)
+    state = FrontState(served.name, served.limits)
+    front = Front(state, options.host, options.http_port, options.grpc_port, options.metrics_port,
+                  grace_s=options.exit_timeout_s)
+    with ServeWorkspace(served.name, len(served.runners)) as workspace:
+        supervisor = Supervisor(served, options, state, workspace, on_event)
+        front.start()
         try:
-            triton.run()
-        except Exception as exc:
-            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ServeError(f"Triton did not start ({detail}); see its log above") from exc
-        on_ready(served, endpoints(options))
-        while not stop.wait(poll_s):
-            if not triton.is_alive():
-                raise ServeError("the Triton server stopped by itself; see its log above")
-    finally:
-        if triton is not None:
-            triton.stop()
-        for runner in served.runners:
-            runner.deactivate()
+            activate(served, stop)
+            supervisor.run(stop, lambda: on_ready(served, endpoints(options)), poll_s)
+        finally:
+            state.not_ready("the server is shutting down")
+            front.stop()
+            supervisor.stop_backend()
+            deactivate(served)

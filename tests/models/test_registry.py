@@ -18,6 +18,11 @@ TINY = {"vocab_size": 40, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 24
 
 def tiny_config(name: str):
     family = architecture(name)
+    if name == "kimi-linear":
+        from attnres_export.models.kimi.example import example_config
+        from attnres_export.models.kimi.lm_config import KimiLinearConfig
+
+        return KimiLinearConfig.from_hf({"model_type": "kimi_linear", **example_config(2, attn_res_block_size=1)})
     if family.hf_model_types:  # a Hugging Face family: its tiny example folder's config
         from attnres_export.models.decoder.example import example_config
         from attnres_export.models.decoder.hf_config import parse_hf_config

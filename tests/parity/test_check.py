@@ -19,14 +19,14 @@ from attnres_export.exporter.options import ExportOptions
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
 from attnres_export.models import save_checkpoint
-from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
+from attnres_export.models.registry import architecture
 
 TINY = {"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "max_seq_len": 16}
 
 
-def checkpoint(path, **overrides):
-    cfg = AttnResLMConfig(**{**TINY, **overrides})
+def checkpoint(path, arch: str = "attnres-lm", **overrides):
+    cfg = architecture(arch).config_type()(arch=arch, **{**TINY, **overrides})
     save_checkpoint(make_example(cfg, seed=1), cfg, path)
     return path
 
@@ -68,7 +68,7 @@ def test_another_models_onnx_is_refused_in_one_line_naming_what_differs(artifact
 
 def test_a_realformer_checkpoint_with_an_attnres_file_without_recorded_config_names_the_inputs(artifacts, tmp_path):
     stripped = without_recorded_config(artifacts.tensorrt, tmp_path / "old.onnx")
-    realformer = checkpoint(tmp_path / "rf.pt", arch="realformer", residual="standard")
+    realformer = checkpoint(tmp_path / "rf.pt", arch="realformer")
     code, lines = one_line(realformer, "--onnx", stripped)
     assert code == 1 and len(lines) == 1, lines
     assert ("old.onnx takes the inputs input_ids, but the graph of the realformer checkpoint rf.pt takes "

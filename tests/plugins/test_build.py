@@ -131,7 +131,7 @@ def test_cli_build_prints_progress_then_a_table_and_exits_1_only_when_something_
     result = CliRunner().invoke(plugin_app, ["build", "--cuda-arch", "90", "--out", str(tmp_path)])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[0] == "0:00 kernels: attnResAggregateKernel.cu for sm_90 (architecture 1 of 1)"
-    rows = {line.split()[1]: line for line in lines if line.startswith("│ libattnres")}
+    rows = {line.strip("│ ").split()[0]: line for line in lines if line.strip("│ ").startswith("libattnres")}
     assert "built" in rows["libattnres_kernels.so"] and str(tmp_path / "lib") in rows["libattnres_kernels.so"]
     for skipped in ("libattnres_trt.so", "libattnres_trt_dyn.so"):
         assert "skipped" in rows[skipped] and "no TensorRT headers (NvInfer.h) found" in rows[skipped]

@@ -251,3 +251,40 @@ def test_build_and_check_refuse_outputs_that_overwrite_their_inputs(tmp_path):
     checkpoint.write_bytes(b"not read either")
     one_line_error(*invoke("check", checkpoint, "--onnx", model, "--report", checkpoint), "same file as MODEL")
     assert model.read_bytes() == b"not read: refused before" and checkpoint.read_bytes() == b"not read either"
+
+
+def _model_with_local_function(folder: Path, domain: str, name: str) -> Path:
+    """A valid AttnResAggregate node, and a model-local function ``domain::name`` whose body is an Identity."""
+    from attnres_export.graphs.fusion.depth.node import aggregate_node
+    from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
+
+    sw = numpy_helper.from_array(torch.ones(4).numpy(), "sw")
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    h = oh.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])
+    graph = oh.make_graph([aggregate_node("agg", "sw", ["x", "x"], "h", 1e-6)], "g", [x], [h], initializer=[sw])
+    body = oh.make_function(domain, name, ["score_weight", "source"], ["h"],
+                            [oh.make_node("Identity", ["source"], ["h"])], [oh.make_opsetid("", 18)])
+    imports = [oh.make_opsetid("", 18), oh.make_opsetid(DOMAIN, OPSET_VERSION)]
+    if domain not in (DOMAIN, ""):
+        imports.append(oh.make_opsetid(domain, 1))
+    path = folder / "model.onnx"
+    path.write_bytes(oh.make_model(graph, opset_imports=imports, functions=[body]).SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(("domain", "name"), [("attnres", "AttnResAggregate"), ("attnres", "ResidualScoreAttention"),
+                                              ("attnres", "Helper"), ("mylib", "AttnResAggregate")])
+def test_a_local_function_standing_in_for_an_attnres_op_is_refused_wherever_an_onnx_is_read(tmp_path, domain, name):
+    """TensorRT before 10.7 runs a local function named like the op instead of the plugin: an Identity body would
+    pass every check silently."""
+    path = _model_with_local_function(tmp_path, domain, name)
+    for command_args in (["inspect", path], ["convert", path, "--target", "tensorrt", "-o", tmp_path / "o.onnx"],
+                         ["fuse", path, "-o", tmp_path / "f.onnx"]):
+        code, lines = invoke(*command_args)
+        one_line_error(code, lines, f"model-local function {domain}::{name}", "remove it")
+    assert not (tmp_path / "o.onnx").exists() and not (tmp_path / "f.onnx").exists()
+
+
+def test_a_local_function_of_another_domain_and_name_is_still_read(tmp_path):
+    code, lines = invoke("inspect", _model_with_local_function(tmp_path, "mylib", "Gelu"))
+    assert code == 0 and "AttnResAggregate" in "\n".join(lines)

@@ -86,26 +86,32 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(artifact: Path, log: Path, *args: str, model: str = "m", timeout_s: float = 120) -> Server:
-    """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, ready to answer."""
-    import tritonclient.http as http
-
+def launch(artifact: Path, log: Path, *args: str, model: str = "m", env: dict | None = None) -> Server:
+    """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, started (not yet ready)."""
     http_port, grpc_port, metrics_port = free_ports(3)
     command = [sys.executable, "-c", LAUNCH, "serve", str(artifact), "--model-name", model,
                "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
                *args]
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = Server(process, model, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}",
-                    f"127.0.0.1:{metrics_port}", log)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env)
+    return Server(process, model, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", f"127.0.0.1:{metrics_port}",
+                  log)
+
+
+def wait_ready(server: Server, timeout_s: float) -> Server:
+    """``server`` once its server and model readiness both answer true (bounded; killed when it is not)."""
+    import tritonclient.http as http
+
     deadline = time.monotonic() + timeout_s
     client = http.InferenceServerClient(server.http)
     try:
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"attnres serve exited with {process.returncode}:\n{server.output()[-3000:]}")
+            if server.process.poll() is not None:
+                raise RuntimeError(f"attnres serve exited with {server.process.returncode}:\n"
+                                   f"{server.output()[-3000:]}")
             try:
-                if client.is_server_ready() and client.is_model_ready(model):
+                if client.is_server_ready() and client.is_model_ready(server.model):
                     return server
             except Exception:  # not listening yet
                 pass
@@ -114,3 +120,9 @@ def start_server(artifact: Path, log: Path, *args: str, model: str = "m", timeou
         client.close()
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"attnres serve was not ready after {timeout_s} s:\n{server.output()[-3000:]}")
+
+
+def start_server(artifact: Path, log: Path, *args: str, model: str = "m", timeout_s: float = 240) -> Server:
+    """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, ready to answer (the timeout
+    leaves room for the backend's start retries on a loaded machine)."""
+    return wait_ready(launch(artifact, log, *args, model=model), timeout_s)

@@ -4,8 +4,11 @@ server and every process it started. One server for the module; the shutdown tes
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -116,6 +119,43 @@ def test_concurrent_clients_get_what_onnx_runtime_computes_and_triton_batches_th
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"]
     assert executions < requests, f"no batching: {executions} executions for {requests} single-row requests"
     assert any(int(b["batch_size"]) > 1 for b in after["batch_stats"])
+
+
+def test_requests_outside_the_limits_get_one_line_and_the_server_keeps_serving(server, reference):
+    import tritonclient.grpc as grpc
+    import tritonclient.utils as utils
+
+    def post(body: bytes) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://{server.http}/v2/models/{server.model}/infer", data=body)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, ""
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())["error"]
+
+    def ids(data) -> bytes:
+        return json.dumps({"inputs": [{"name": "input_ids", "shape": [len(data), len(data[0])], "datatype": "INT64",
+                                       "data": data}]}).encode()
+
+    answers = [post(ids([[-1, 2]])), post(ids([[1] * 65])), post(b"[" * 50_000), post(b"[" * 1_000_000)]
+    assert [status for status, _ in answers] == [400, 400, 400, 413], answers
+    assert answers[0][1] == "input 'input_ids' holds -1; values must lie in [0, 97) (the vocabulary of 97 tokens)"
+    assert answers[1][1] == ("input 'input_ids' dim 1 (seq) is 65; this model accepts 1 to 64 (the range it was "
+                             "exported for)")
+    assert all("\n" not in message and "Traceback" not in message for _, message in answers)
+    client = grpc.InferenceServerClient(server.grpc)
+    try:
+        tensor = grpc.InferInput("input_ids", [1, 2], "INT64")
+        tensor.set_data_from_numpy(np.array([[3, 97]], dtype=np.int64))
+        with pytest.raises(utils.InferenceServerException) as caught:
+            client.infer(server.model, [tensor], client_timeout=60)
+    finally:
+        client.close()
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT" and "holds 97" in caught.value.message()
+    ids_ok = np.array([[5, 7, 11]], dtype=np.int64)
+    np.testing.assert_allclose(_infer("http", server.http, server.model, ids_ok), reference(ids_ok),
+                               rtol=1e-6, atol=1e-6)
+    assert server.process.poll() is None
 
 
 def test_sigterm_stops_the_server_and_every_process_it_started(server):

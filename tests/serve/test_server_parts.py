@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnres_export.cli import app
-from attnres_export.serve import dependencies
+from attnres_export.serve import dependencies, server
 from attnres_export.serve.server import infer_function, model_name_for
 from attnres_export.serve.signature import Signature, TensorSpec
 from tests.serve.conftest import NEEDS_SERVER
@@ -65,13 +66,25 @@ def test_the_interpreters_library_folder_leads_ld_library_path(monkeypatch, tmp_
     assert "LD_LIBRARY_PATH" not in dependencies.server_environment({})
 
 
-def test_a_missing_serve_extra_is_one_line_naming_it(monkeypatch, tmp_path):
+def test_a_missing_serve_extra_is_one_line_with_the_install_command_that_works(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pytriton.triton", None)
     monkeypatch.setitem(sys.modules, "tritonclient.http", None)
     result = runner.invoke(app, ["serve", str(tmp_path / "m.onnx")])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
-    assert "needs the serve extra" in lines[0] and "pip install attnres-export[serve]" in lines[0]
+    assert "needs the serve extra" in lines[0] and "attnres-export[serve]" not in lines[0]
+    assert f"{sys.executable} -m pip install 'nvidia-pytriton>=0.7'" in lines[0] and "numpy<2" in lines[0]
+
+
+def test_the_install_command_installs_exactly_the_serve_extra():
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert list(dependencies.SERVE_REQUIREMENTS) == pyproject["project"]["optional-dependencies"]["serve"]
 
 
 def test_model_names_default_to_the_stem_and_are_checked():
@@ -88,6 +101,7 @@ def test_model_names_default_to_the_stem_and_are_checked():
 @NEEDS_SERVER
 @pytest.mark.parametrize(("args", "pattern"), [
     (["--instances", "0"], "--instances 0: must be at least 1"),
+    (["--instances", "100000"], f"--instances 100000 is over this machine's {server.usable_cores()} usable CPU cores"),
     (["--max-batch", "17"], "--max-batch 17 is over the batch range"),
     (["--http-port", "9000", "--grpc-port", "9000"], "ports must differ"),
     (["--http-port", "70000"], "--http-port 70000"),
@@ -97,9 +111,20 @@ def test_bad_serve_options_are_one_line_and_start_nothing(portable_onnx, args, p
 
     ports = dict(zip(("--http-port", "--grpc-port", "--metrics-port"), map(str, free_ports(3)), strict=True))
     defaults = [item for option, port in ports.items() if option not in args for item in (option, port)]
+    started = time.monotonic()
     result = runner.invoke(app, ["serve", str(portable_onnx), *defaults, *args])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1 and pattern in lines[0], result.output
+    assert time.monotonic() - started < 30
+
+
+def test_instances_are_bounded_by_memory_as_well(monkeypatch):
+    monkeypatch.setattr(server, "usable_cores", lambda: 64)
+    monkeypatch.setattr(server, "available_memory", lambda: 1024 * 2**20)
+    server.check_instances(5, 64 * 2**20)
+    with pytest.raises(dependencies.ServeError, match=r"--instances 6 needs about 1152 MB \(192 MB each: .*\); "
+                                                      r"1024 MB is available, enough for 5"):
+        server.check_instances(6, 64 * 2**20)
 
 
 @NEEDS_SERVER
@@ -126,12 +151,15 @@ def test_an_engine_is_served_through_one_tensorrt_runner_per_instance(fake_engin
     from attnres_export.serve.server import ServeOptions, load_model
 
     monkeypatch.setattr(TensorRTRunner, "activate", TensorRTRunner.load)  # no CUDA stream without a GPU
+    monkeypatch.setattr(server, "usable_cores", lambda: 8)  # three instances on a machine of any size
     served = load_model(ServeOptions(fake_engine, instances=3, max_batch=2))
     assert served.name == "m" and served.backend == "TensorRT" and len(served.runners) == 3
     assert len({id(r) for r in served.runners}) == 3 and all(r.engine is not None for r in served.runners)
     assert [(s.name, s.dtype, s.dims) for s in served.signature.inputs] == [("input_ids", "int64", (-1, -1))]
     assert [(s.name, s.dtype, s.dims) for s in served.signature.outputs] == [("logits", "float32", (-1, -1, 4))]
     assert served.signature.max_batch == 2
+    batch = served.limits.profiles[0]["input_ids"][0]
+    assert (batch.low, batch.high) == (1, 2) and served.limits.inputs["input_ids"].values.high == 4
 
 
 def test_triton_repo_without_tritonclient_is_one_line_naming_the_extra(monkeypatch, tmp_path):
@@ -147,5 +175,22 @@ def test_triton_repo_without_tritonclient_is_one_line_naming_the_extra(monkeypat
     result = runner.invoke(app, ["triton-repo", str(model), "-o", str(tmp_path / "repo")])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
-    assert "pip install attnres-export[serve]" in lines[0]
+    assert f"{sys.executable} -m pip install 'nvidia-pytriton>=0.7'" in lines[0]
     assert not (tmp_path / "repo" / "m").exists()
+
+
+@NEEDS_SERVER
+def test_the_proxy_files_triton_loads_wait_60_s_for_the_first_instances_handshake():
+    from pytriton.models.model import Model
+
+    from attnres_export.serve.handshake import ONE_SECOND, PATIENT, make_handshake_patient
+
+    make_handshake_patient(Model)
+    make_handshake_patient(Model)  # once only
+    model = SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
+    files = Model.get_proxy_model_files(model)
+    assert PATIENT in files["file:1/communication.py"] and ONE_SECOND not in files["file:1/communication.py"]
+    original = Model.get_proxy_model_files.__wrapped__(model)
+    assert ONE_SECOND in original["file:1/communication.py"]
+    assert {k: v for k, v in files.items() if "communication" not in k} == {
+        k: v for k, v in original.items() if "communication" not in k}

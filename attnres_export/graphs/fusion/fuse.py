@@ -56,4 +56,4 @@ def _outcome(pattern: FusionPattern, anchor: onnx.NodeProto, result: Replacement
         return SiteOutcome(_label(anchor), False, result.reason, sources=result.sources, kind=kind,
                            op_type=pattern.op_type if kind == pattern.kind else None)
     return SiteOutcome(_label(anchor), True, result.note, result.sources, result.eps, result.rel_l2, pattern.kind,
-                       result.partial, pattern.op_type)
+                       result.partial, pattern.op_type, list(result.warnings))

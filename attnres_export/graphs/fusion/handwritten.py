@@ -5,7 +5,9 @@ fused, the hand-written nodes only fed the old subgraph and dead-code eliminatio
 
 An online softmax divides after the weighted sum instead: ``sum(exp(x) * v) / sum(exp(x))``. Its virtual
 Softmax outputs the unnormalized ``exp(x)``; the matcher follows the weighted sum through that division
-(match.py)."""
+(match.py). A phase 1 of two-phase Block AttnRes may keep both sums apart, unnormalized, for its merge with the
+block's partial to divide: an Exp whose sum is taken is anchored too, its weighted sum normalized by that sum
+when the merge is looked for (merge.py)."""
 
 from __future__ import annotations
 
@@ -65,8 +67,40 @@ def _deferred_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
 
 
 def handwritten_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
-    """The virtual Softmaxes of both spellings."""
-    return [*_quotient_softmaxes(index), *_deferred_softmaxes(index)]
+    """The virtual Softmaxes of the three spellings (an Exp is anchored once, by the first that takes it)."""
+    quotient, deferred = _quotient_softmaxes(index), _deferred_softmaxes(index)
+    exps = [_through_casts(index, index.producer[n.output[0]].input[0]) for n in quotient]
+    taken = {id(node) for node in exps if node is not None} | {id(index.producer[n.output[0]]) for n in deferred}
+    return [*quotient, *deferred, *_unnormalized_softmaxes(index, taken)]
+
+
+def exp_sum(index: GraphIndex, exp_output: str) -> str | None:
+    """The single-axis ReduceSum of ``exp_output`` (through casts), when an Exp's sum is taken apart."""
+    for node in index.consumers.get(exp_output, []):
+        users = [node]
+        while users and users[0].op_type in ("Cast", "Identity"):
+            users = index.consumers.get(users[0].output[0], [])
+        for user in users:
+            if user.op_type == "ReduceSum" and len(index.int_list(user, 1, "axes") or []) == 1:
+                return user.output[0]
+    return None
+
+
+def _unnormalized_softmaxes(index: GraphIndex, taken: set[int]) -> list[onnx.NodeProto]:
+    """A virtual ``Softmax(axis)`` with output ``exp(x)`` per Exp whose sum over ``axis`` is taken apart from the
+    sum it weighs: a phase 1 kept unnormalized, ``(sum(exp(x) * v), max(x), sum(exp(x)))``, whose result is only
+    normalized by the merge with the block's partial (merge.py)."""
+    found = []
+    for node in index.nodes:
+        if node.op_type != "Exp" or node.domain not in ("", "ai.onnx") or id(node) in taken:
+            continue
+        total = exp_sum(index, node.output[0])
+        if total is None or len(index.consumers.get(node.output[0], [])) < 2:
+            continue
+        found.append(oh.make_node("Softmax", [_unshifted(index, node.input[0])], [node.output[0]],
+                                  name=node.name or node.output[0],
+                                  axis=int(index.int_list(index.producer[total], 1, "axes")[0])))
+    return found
 
 
 def _quotient_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:

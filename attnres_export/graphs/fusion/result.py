@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 
 from attnres_export.graphs.fusion.classify import ATTENTION, OTHER
-from attnres_export.ops.opset import AGGREGATE
 
 
 @dataclass
@@ -26,6 +25,8 @@ class Replacement:
     note: str = ""
     """Why the site is fused only in part, when it is (``partial``)."""
     partial: bool = False
+    warnings: list[str] = field(default_factory=list)
+    """What the user should know about a site that verified (e.g. that the graph lost something the model has)."""
 
 
 @dataclass
@@ -43,6 +44,7 @@ class SiteOutcome:
     partial: bool = False
     """Fused in part (a two-phase merge's phase 1 is one node, its merge with the partial stays standard ops)."""
     op_type: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -68,14 +70,28 @@ class FusionResult:
         return sum(s.kind == kind for s in self.sites)
 
     @property
-    def unfused_depth(self) -> list[SiteOutcome]:
-        """Depth aggregations left as standard ops, wholly or in part: they run, but slower and without the
+    def unfused(self) -> list[SiteOutcome]:
+        """Sites of any pattern left as standard ops, wholly or in part: they run, but slower and without the
         plugin."""
-        return [s for s in self.of_op(AGGREGATE) if not s.fused or s.partial]
+        return [s for s in self.sites if s.op_type and (not s.fused or s.partial)]
+
+    def unfused_summary(self) -> str:
+        """``5 depth aggregation site(s), 2 residual-score attention site(s)``: the unfused sites per kind."""
+        counts = Counter(s.kind for s in self.unfused)
+        return ", ".join(f"{counts[kind]} {kind} site(s)" for kind in self.kinds.values() if counts[kind])
+
+    @property
+    def warnings(self) -> dict[str, list[str]]:
+        """Each distinct warning of the sites, with the sites it applies to."""
+        found: dict[str, list[str]] = {}
+        for s in self.sites:
+            for warning in s.warnings:
+                found.setdefault(warning, []).append(s.site)
+        return found
 
     def to_dict(self) -> dict:
         by_op = {op: {"kind": kind, "found": len(sites := self.of_op(op)), "fused": sum(s.fused for s in sites),
                       "unfused": sum(not s.fused or s.partial for s in sites)}
                  for op, kind in self.kinds.items()}
         return {"fused_by_op": self.fused_by_op, "by_op": by_op, "attention": self.count(ATTENTION),
-                "other": self.count(OTHER), "sites": [asdict(s) for s in self.sites]}
+                "other": self.count(OTHER), "warnings": self.warnings, "sites": [asdict(s) for s in self.sites]}

@@ -26,6 +26,7 @@ FAMILY_EXTRAS: dict[str, dict] = {
                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
                   "decoder_sparse_step": 1, "mlp_only_layers": []},
     "deepseek_v3": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "num_key_value_heads": 4,
+                    "head_dim": 8,
                     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
                     "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,

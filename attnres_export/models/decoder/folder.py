@@ -19,6 +19,7 @@ from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.hf_config import parse_hf_config
 from attnres_export.models.decoder.model import DecoderLM
+from attnres_export.models.decoder.moe import expert_state_from_hf
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -26,7 +27,7 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(our config dict, state_dict)`` of a folder's ``config.json`` and tensors."""
     cfg = parse_hf_config(config, where=f"{where}/config.json")
-    state = _without_mtp_layers(cfg, dict(tensors))
+    state = _with_stacked_experts(cfg, _without_mtp_layers(cfg, dict(tensors)))
     if cfg.tie_word_embeddings and EMBED in state:
         if HEAD in state and not torch.equal(state[HEAD], state[EMBED]):
             raise CheckpointError(f"{where}: tie_word_embeddings is true but {HEAD} differs from {EMBED}")
@@ -41,6 +42,17 @@ def from_hf_folder(path: Path | str, dtype: torch.dtype | None = None) -> Decode
 
     model, _ = load_checkpoint(Path(path), dtype=str(dtype).removeprefix("torch.") if dtype else None)
     return model
+
+
+def _with_stacked_experts(cfg: DecoderConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each MoE layer's experts in the stacked form the model holds (a folder may store them per
+    expert, as published checkpoints do, or stacked)."""
+    for index in cfg.moe_layers:
+        prefix = f"model.layers.{index}.mlp."
+        block = expert_state_from_hf(prefix, state)
+        state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+        state |= {prefix + name: tensor for name, tensor in block.items()}
+    return state
 
 
 def _without_mtp_layers(cfg: DecoderConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.config import DecoderConfig
+from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward
 
 
 class GatedMLP(nn.Module):
@@ -24,9 +24,20 @@ class GatedMLP(nn.Module):
 
 
 def feed_forward(cfg: DecoderConfig, index: int) -> nn.Module:
-    """Layer ``index``'s feed-forward: dense, or (where ``cfg.moe_layers`` says so) a mixture of experts, which
-    ``decoder/moe.py`` builds from ``cfg.moe``; until it is wired in, an MoE layer is refused."""
+    """Layer ``index``'s feed-forward: dense, or (where ``cfg.moe_layers`` says so) the family's routed mixture of
+    experts (``decoder/moe.py``)."""
     if cfg.is_moe_layer(index):
-        raise CheckpointError(f"layer {index} of this {cfg.model_type} model is a mixture-of-experts layer "
-                              f"({cfg.moe.num_experts} experts); MoE feed-forwards are not built yet")
+        return MoEFeedForward(moe_config(cfg))
     return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+
+def moe_config(cfg: DecoderConfig) -> MoEConfig:
+    """The MoE block settings of ``cfg`` (transformers' keys in ``cfg.moe``): a softmax top-k router (Qwen3-MoE)
+    or sigmoid scores with group-limited top-k, a scaling factor and shared experts (DeepSeek-V3)."""
+    keys = cfg.moe
+    return MoEConfig(hidden_size=cfg.hidden_size, moe_intermediate_size=keys.moe_intermediate_size,
+                     num_experts=keys.num_experts, top_k=keys.num_experts_per_tok,
+                     router="softmax" if keys.scoring_func == "softmax" else "sigmoid",
+                     norm_topk_prob=keys.norm_topk_prob, routed_scaling_factor=keys.routed_scaling_factor,
+                     n_group=keys.n_group or 1, topk_group=keys.topk_group or 1,
+                     n_shared_experts=keys.n_shared_experts)

@@ -180,11 +180,11 @@ def test_check_of_an_engine_whose_io_does_not_tell_its_dtype_asks_for_it_in_one_
     assert "do not tell its dtype" in line and "pass --engine-dtype float32|float16|bfloat16" in line
 
 
-def test_check_refuses_an_unknown_engine_dtype_in_one_line(fake_trt, engine, block2_checkpoint):
+def test_check_refuses_an_unknown_engine_dtype_as_a_usage_error(fake_trt, engine, block2_checkpoint):
     result = CliRunner().invoke(app, ["check", str(block2_checkpoint), "--engine", str(engine),
                                       "--engine-dtype", "float64"])
-    assert result.exit_code == 1
-    assert "--engine-dtype 'float64': choose one of float32, float16, bfloat16" in result.output
+    assert result.exit_code == 2
+    assert "'float64' is not one of float32, float16, bfloat16" in result.output
 
 
 def test_an_engine_with_neither_manifest_nor_plugin_says_what_is_missing(fake_trt, engine):

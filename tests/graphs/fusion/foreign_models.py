@@ -255,6 +255,91 @@ class TwoPhaseRunningLM(TwoPhaseLseLM):
         return (a * o1 + b * partial) / (a + b)
 
 
+class InPlaceBankLM(ForeignLM):
+    """(l) Full AttnRes in the style of serving engines (SGLang's ``attn_residual.py``): a bank of sources
+    preallocated once as a buffer ``[max_tokens, n, D]``, a view of it per forward (``bank[: b * t]``) written in
+    place, the embedding by slice assignment and each sublayer output with ``bank[:, i, :].copy_(x)``; each
+    aggregation reads ``bank[:, : i + 1]`` token-major. Exported, the writes are ScatterElements into the view and
+    ScatterND of the view back into the bank."""
+
+    max_tokens = 512
+    """Batch 8 x sequence 64, the largest shape the tests' dynamic dims allow."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(self.n_sub + 1, self.dim))
+        self.eps = 1e-6
+        self.register_buffer("bank", torch.zeros(self.max_tokens, self.n_sub + 1, self.dim), persistent=False)
+
+    def aggregate(self, values: torch.Tensor, i: int) -> torch.Tensor:
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain[i]
+        weights = (keys @ self.query[i]).softmax(dim=-1)
+        return torch.einsum("nk,nkd->nd", weights, values)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.embed(input_ids)
+        b, t, d = emb.shape
+        bank = self.bank[: b * t]
+        bank[:, 0:1, :] = emb.reshape(b * t, 1, d)
+        for i, layer in enumerate(self.sublayers):
+            h = self.aggregate(bank[:, : i + 1, :], i).reshape(b, t, d)
+            bank[:, i + 1, :].copy_(layer(h).reshape(b * t, d))
+        return self.head(self.aggregate(bank, self.n_sub).reshape(b, t, d))
+
+
+class TwoPhaseOnlineLM(TwoPhaseLseLM):
+    """(m) Like (g) over 8 sublayers in blocks of 4, with phase 1 kept unnormalized as an online softmax state
+    ``(sum(exp(x - m1) * v), m1, sum(exp(x - m1)))``, run for every query of a block before its sublayers; each
+    merge with the partial updates that state and divides once, so the only normalized result is the merged one
+    (and, at a block's first sublayer, ``acc / l1``)."""
+
+    block = 4
+    aggregations = 9
+
+    def __init__(self, **kw) -> None:
+        super().__init__(n_sub=8, **kw)
+
+    def phase1(self, blocks: list[torch.Tensor], i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        stacked = torch.stack(blocks)
+        logits = self.logits(stacked, i)
+        m1 = logits.amax(0)
+        e = torch.exp(logits - m1)
+        return (e.unsqueeze(-1) * stacked).sum(0), m1, e.sum(0)
+
+    def merge(self, state: tuple[torch.Tensor, ...], partial: torch.Tensor, i: int) -> torch.Tensor:
+        acc, m1, l1 = state
+        s2 = self.logits(partial, i)
+        m = torch.maximum(m1, s2)
+        a, b = torch.exp(m1 - m), torch.exp(s2 - m)
+        return (a.unsqueeze(-1) * acc + b.unsqueeze(-1) * partial) / (a * l1 + b).unsqueeze(-1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        blocks = [self.embed(input_ids)]
+        for start in range(0, self.n_sub, self.block):
+            layers = range(start, min(start + self.block, self.n_sub))
+            states = [self.phase1(blocks, j) for j in layers]
+            partial = None
+            for j, (acc, m1, l1) in zip(layers, states, strict=True):
+                h = acc / l1.unsqueeze(-1) if partial is None else self.merge((acc, m1, l1), partial, j)
+                out = self.sublayers[j](h)
+                partial = out if partial is None else partial + out
+            blocks.append(partial)
+        acc, _, l1 = self.phase1(blocks, self.n_sub)
+        return self.head(acc / l1.unsqueeze(-1))
+
+
+class TwoPhaseRunningLongBlockLM(TwoPhaseRunningLM):
+    """(i) over 8 sublayers in blocks of 4: each phase 1 runs before the block's sublayers, so the last merge of a
+    block comes many nodes after its phase 1."""
+
+    block = 4
+    aggregations = 9
+
+    def __init__(self, **kw) -> None:
+        super().__init__(n_sub=8, **kw)
+
+
 class _PartialBlocks:
     """Block AttnRes that starts every block with ``partial = self.fill(x)`` and always aggregates
     ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
@@ -348,7 +433,8 @@ class NoNormLM(_NegativeLM):
 POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token-major": TokenMajorLM,
             "torch-rmsnorm": TorchRMSNormLM, "repeated-source": RepeatedSourceLM,
             "hand-softmax": HandSoftmaxLM, "two-phase-lse": TwoPhaseLseLM, "two-phase-sigmoid": TwoPhaseSigmoidLM,
-            "two-phase-running": TwoPhaseRunningLM}
+            "two-phase-running": TwoPhaseRunningLM, "in-place-bank": InPlaceBankLM,
+            "two-phase-online": TwoPhaseOnlineLM}
 STATIC = {"zeros-partial-stack": ZerosPartialLM, "zeros-partial-scored": ZerosPartialScoredLM}
 """Models whose zero partial sources fold to constants when exported with static shapes."""
 NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}

@@ -17,6 +17,7 @@ from torch import nn
 from tests.graphs.fusion.foreign_models import VOCAB
 
 DIM, HEADS, LAYERS, MAX_SEQ = 32, 4, 3, 64
+VIT_LAYERS, IMAGE = 4, 16
 PAD = 0
 """Token id of padding: the masked models derive their additive mask from it (as BERT tokenizers do)."""
 
@@ -144,6 +145,47 @@ class EinsumRealFormer(PaddingMask, Encoder):
             scores = scores + prev
         probs = (scores + mask).softmax(-1)
         return torch.einsum("bhqk,bhkd->bhqd", probs, v), scores
+
+
+class BmmRealFormerViT(nn.Module):
+    """(d) A RealFormer vision transformer: a patch embedding, a class token, ``VIT_LAYERS`` pre-norm blocks, the
+    heads merged into the batch (``[B*H, N, d]``) for ``torch.bmm``, and the scores carried layer to layer; it
+    classifies from the class token."""
+
+    def __init__(self, seed: int = 0, patch: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.head_dim = DIM // HEADS
+        self.patch = nn.Conv2d(3, DIM, patch, patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, DIM) * 0.5)
+        self.pos = nn.Parameter(torch.randn(1, (IMAGE // patch) ** 2 + 1, DIM) * 0.5)
+        self.pre = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(2 * VIT_LAYERS))
+        self.qkv = nn.ModuleList(nn.Linear(DIM, 3 * DIM) for _ in range(VIT_LAYERS))
+        self.proj = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(VIT_LAYERS))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+                                 for _ in range(VIT_LAYERS))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, classes)
+
+    def attention(self, x: torch.Tensor, i: int, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, c = x.shape
+        q, k, v = (t.reshape(b, n, HEADS, self.head_dim).transpose(1, 2).reshape(b * HEADS, n, self.head_dim)
+                   for t in self.qkv[i](x).chunk(3, dim=-1))
+        scores = torch.bmm(q, k.transpose(1, 2)) * self.head_dim**-0.5
+        if prev is not None:
+            scores = scores + prev
+        out = torch.bmm(scores.softmax(-1), v).reshape(b, HEADS, n, self.head_dim).transpose(1, 2).reshape(b, n, c)
+        return self.proj[i](out), scores
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch(pixels).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        prev = None
+        for i in range(VIT_LAYERS):
+            out, prev = self.attention(self.pre[2 * i](x), i, prev)
+            x = x + out
+            x = x + self.mlp[i](self.pre[2 * i + 1](x))
+        return self.head(self.norm(x)[:, 0])
 
 
 RESIDUAL_STYLES = {"bert-style": BertStyleRealFormer, "running-mean": RunningMeanRealFormer,

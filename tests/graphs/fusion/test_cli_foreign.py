@@ -57,7 +57,7 @@ def test_fuse_command_writes_the_fused_model_and_a_json_report(tmp_path):
     assert fused_count(onnx.load(str(out))) == 5
     data = json.loads(report.read_text())
     assert data["by_op"][AGGREGATE] == {"kind": "depth aggregation", "found": 5, "fused": 5, "unfused": 0}
-    assert data["fused_by_op"] == {AGGREGATE: 5} and data["parity"]["ok"]
+    assert data["fused_by_op"] == {AGGREGATE: 5} and data["parity"]["ok"] and data["warnings"] == {}
 
 
 def test_pickled_module_without_trust_pickle_is_refused_in_one_line_and_writes_nothing(tmp_path):

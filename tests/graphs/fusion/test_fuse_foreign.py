@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -14,11 +16,14 @@ from tests.graphs.fusion.foreign_models import (
     NEGATIVE,
     POSITIVE,
     STATIC,
+    InPlaceBankLM,
     OnesPartialLM,
     StackEinsumLM,
+    TwoPhaseOnlineLM,
+    TwoPhaseRunningLongBlockLM,
     TwoPhaseUnscaledMergeLM,
 )
-from tests.graphs.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx
+from tests.graphs.fusion.helpers import fuse, fused_count, matches_torch, plain_onnx, save_program
 
 
 @pytest.mark.parametrize("style", slow_after(sorted(POSITIVE), fast=0))
@@ -101,9 +106,10 @@ def test_unfused_depth_aggregations_warn_and_fail_with_strict(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
     assert result.exit_code == 0, result.output
-    assert "5 depth aggregation(s) were not fused, or only in part" in result.output
+    assert "5 depth aggregation site(s) were not fused, or only in part" in result.output
     strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
-    assert strict.exit_code == 1 and "--strict: 5 depth aggregation(s) were not fused, or only in part" in strict.output
+    assert strict.exit_code == 1
+    assert "--strict: 5 depth aggregation site(s) were not fused, or only in part" in strict.output
     assert not (tmp_path / "b.onnx").exists()
 
 
@@ -172,6 +178,21 @@ def test_two_phase_merges_fuse_into_one_node_over_the_blocks_and_the_partial(sty
     assert parity.ok and matches_torch(result.model, model)
 
 
+@pytest.mark.parametrize("cls", slow_after([TwoPhaseOnlineLM, TwoPhaseRunningLongBlockLM]))
+def test_merges_far_after_their_phase_1_and_of_an_unnormalized_phase_1_fuse_over_the_blocks_and_the_partial(cls):
+    """Blocks of 4: phase 1 for all queries of a block runs before its sublayers, so the merges come many nodes
+    later; TwoPhaseOnlineLM keeps phase 1 unnormalized, normalized only by the merge. Every merged sublayer is one
+    node over [blocks..., partial] with its own score weight."""
+    model = cls().eval()
+    result, parity = fuse(plain_onnx(cls, opset=18))
+    assert [s.reason for s in result.sites] == [""] * model.aggregations
+    nodes = [n for n in result.model.graph.node if n.domain == "attnres"]
+    assert [len(n.input) - 1 for n in nodes] == [1, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert not {n.op_type for n in result.model.graph.node} & {"Softmax", "Exp", "Max", "ReduceMax"}
+    assert _score_weight_rows(result.model, (model.gain * model.query).detach().numpy()) == list(range(9))
+    assert parity.ok and matches_torch(result.model, model)
+
+
 @pytest.mark.slow
 def test_a_merge_that_is_not_attnres_keeps_phase_1_fused_alone_and_the_report_says_why():
     """TwoPhaseUnscaledMergeLM's merge is exact over one block (sublayer 1) and wrong over two (sublayer 3)."""
@@ -181,7 +202,7 @@ def test_a_merge_that_is_not_attnres_keeps_phase_1_fused_alone_and_the_report_sa
     partial = [s.reason for s in result.sites if s.reason]
     assert len(partial) == 1 and partial[0].startswith("phase 1 only: its merge with ")
     assert "differs from AttnResAggregate" in partial[0]
-    assert [s.reason for s in result.unfused_depth] == partial
+    assert [s.reason for s in result.unfused] == partial
     assert "Max" in {n.op_type for n in result.model.graph.node}
     assert parity.ok and matches_torch(result.model, model)
 
@@ -210,6 +231,52 @@ def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
     model = OnesPartialLM().eval()
     result, parity = fuse(plain_onnx(OnesPartialLM, opset=18, static=True))
     assert fused_count(result.model) == result.fused_by_op[AGGREGATE] == model.aggregations
-    unfused = result.unfused_depth
+    unfused = result.unfused
     assert len(unfused) == 2 and all("is a constant that is not zero" in s.reason for s in unfused)
     assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)
+
+
+def test_a_bank_written_in_place_fuses_every_aggregation_through_plain_onnx_and_through_a_pt2(tmp_path):
+    """InPlaceBankLM writes its sources into a view of a preallocated bank (slice assignment and ``copy_``): the
+    source tracer follows the ScatterND and ScatterElements writes back to the tensors written, and the bank dies."""
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    model = InPlaceBankLM().eval()
+    original = plain_onnx(InPlaceBankLM, opset=18)
+    assert {"ScatterND", "ScatterElements"} <= {n.op_type for n in original.graph.node}
+    result, parity = fuse(original)
+    assert [s.reason for s in result.sites if not s.fused] == []
+    assert result.fused_by_op == {AGGREGATE: model.aggregations} and parity.ok
+    assert not {"ScatterND", "ScatterElements"} & {n.op_type for n in result.model.graph.node}
+    assert matches_torch(result.model, model)
+    program, out = save_program(model, tmp_path / "bank.pt2"), tmp_path / "bank.onnx"
+    exported = CliRunner().invoke(app, ["export", str(program), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert fused_count(onnx.load(str(out))) == model.aggregations
+    assert matches_torch(onnx.load(str(out)), model)
+
+
+class TinyEpsLM(StackEinsumLM):
+    """eps = 1e-9: torch.onnx.export's default optimizer folds the ``+ eps`` of its RMS norms away."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.eps = 1e-9
+
+
+def test_rms_norms_whose_eps_the_exporters_optimizer_dropped_are_fused_with_a_warning_naming_the_fix(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnres_export.cli import app
+
+    source, out, report = tmp_path / "tiny_eps.onnx", tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    onnx.save(plain_onnx(TinyEpsLM, opset=18), str(source))
+    result = CliRunner().invoke(app, ["fuse", str(source), "-o", str(out), "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "adds no eps" in text and "optimize=False" in text and ".pt2 program" in text
+    sites = json.loads(report.read_text())["sites"]
+    assert len(sites) == TinyEpsLM.aggregations
+    assert all(s["fused"] and s["eps"] == 0 and s["warnings"] for s in sites), sites

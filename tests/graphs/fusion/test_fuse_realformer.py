@@ -33,10 +33,13 @@ from attnres_export.parity.metrics import compare, tolerance_for
 from attnres_export.parity.report import Report
 from tests.graphs.fusion.foreign_models import example_ids
 from tests.graphs.fusion.foreign_realformer import (
+    IMAGE,
     LAYERS,
     NEAR_MISS,
     RESIDUAL_STYLES,
+    VIT_LAYERS,
     BertStyleRealFormer,
+    BmmRealFormerViT,
     PlainBert,
     RunningMeanRealFormer,
 )
@@ -164,7 +167,7 @@ def test_attention_over_a_single_token_is_still_attention_and_not_an_unfused_dep
     original = plain_onnx(PlainBert, opset=18)
     result, parity = fuse_and_check(original, random_feeds(original, 3, {"input_ids": [2, 1]}), seed=3)
     assert [s.kind for s in result.sites] == [ATTENTION] * LAYERS
-    assert result.unfused_depth == [] and parity.ok
+    assert result.unfused == [] and parity.ok
 
 
 @pytest.mark.parametrize(("style", "reason", "first"), [
@@ -234,3 +237,46 @@ def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_th
     assert data["fused_nodes"] == LAYERS
     assert f"{LAYERS} ResidualScoreAttention nodes fused" in result.output
     assert matches_torch(written, model)
+
+
+def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
+    """A near miss (a mask carried with the scores) is a RealFormer layer left as standard ops: warned like an
+    unfused depth aggregation, and an error under --strict that writes nothing."""
+    source = tmp_path / "near_miss.onnx"
+    onnx.save(plain_onnx(NEAR_MISS["carried-mask"], opset=18), str(source))
+    runner = CliRunner()
+    result = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "a.onnx")])
+    assert result.exit_code == 0, result.output
+    assert f"{LAYERS} residual-score attention site(s) were not fused, or only in part" in result.output
+    strict = runner.invoke(app, ["fuse", str(source), "-o", str(tmp_path / "b.onnx"), "--strict"])
+    assert strict.exit_code == 1
+    assert f"--strict: {LAYERS} residual-score attention site(s) were not fused" in " ".join(strict.output.split())
+    assert not (tmp_path / "b.onnx").exists()
+
+
+def test_a_vision_transformer_with_heads_merged_into_the_batch_fuses_every_layer_and_matches_torch():
+    """BmmRealFormerViT multiplies 3-D ``[B*H, N, d]`` heads with ``torch.bmm``: each layer becomes one node that
+    reads them with a leading unit axis, chained through its scores, and the class-token logits match PyTorch at a
+    batch size it was not traced at."""
+    model = BmmRealFormerViT().eval()
+    pixels = torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        original = torch.onnx.export(model, (pixels,), dynamo=True, input_names=["pixels"], output_names=["logits"],
+                                     dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},),
+                                     opset_version=18).model_proto
+    result, parity = fuse(original)
+    assert [s.reason for s in result.sites] == [""] * VIT_LAYERS and parity.ok
+    nodes = attention_nodes(result.model)
+    assert len(nodes) == result.fused_by_op[RESIDUAL_ATTENTION] == VIT_LAYERS
+    assert "Softmax" not in {n.op_type for n in result.model.graph.node}
+    producer = {o: n for n in result.model.graph.node for o in n.output}
+    for before, after in itertools.pairwise(nodes):
+        squeezed = producer[producer[inputs_of(after)["prev_scores"]].input[0]]
+        assert squeezed.op_type == "Squeeze" and squeezed.input[0] == before.output[1]
+    other = torch.randn(3, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = model(other).numpy()
+    with OnnxRuntimeRunner(result.model) as runner:
+        got = runner.infer({"pixels": other.numpy()})["logits"]
+    assert compare(np.asarray(got), expected, tolerance_for("float32")).ok

@@ -11,6 +11,7 @@ import torch
 from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder import DecoderConfig, DecoderLM, from_hf_folder, parse_hf_config
 from attnres_export.models.decoder.hf_config import IRRELEVANT_KEYS
+from attnres_export.models.decoder.moe import MoEFeedForward
 from tests.models.decoder.hf_bodies import FAMILY_SETTINGS, TINY, hf_model, relative_l2, write_folder
 
 REQUIRED = {"vocab_size": 61, "hidden_size": 1024, "intermediate_size": 40, "num_hidden_layers": 3,
@@ -152,8 +153,8 @@ def test_moe_layers_are_the_layers_transformers_builds_as_moe(family, settings):
     parsed = parse_hf_config(config)
     assert parsed.moe_layers == expected and expected
     assert parsed.moe.num_experts == 4 and parsed.moe.num_experts_per_tok == 2
-    with pytest.raises(CheckpointError, match=f"layer {expected[0]} .* mixture-of-experts"):
-        DecoderLM(parsed)
+    built = DecoderLM(parsed)
+    assert tuple(i for i, layer in enumerate(built.model.layers) if isinstance(layer.mlp, MoEFeedForward)) == expected
 
 
 def _config_object(family: str, config: dict):

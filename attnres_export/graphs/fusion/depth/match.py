@@ -15,7 +15,7 @@ import onnx
 from attnres_export.graphs.fusion.depth.constants import GraphConstants
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
-from attnres_export.graphs.fusion.handwritten import exp_sum_divisor
+from attnres_export.graphs.fusion.handwritten import exp_sum, exp_sum_divisor
 from attnres_export.graphs.fusion.resolve import resolve_slot, strip_casts
 from attnres_export.ops.onnx_nodes import attribute
 
@@ -35,6 +35,9 @@ class SiteMatch:
     output: str
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     """Sources that are slots of a stacked constant, by the new names they get (constants.py)."""
+    normalizer: str | None = None
+    """The sum of exponentials ``output`` is still to be divided by, for a phase 1 kept unnormalized
+    (handwritten.py); its merge with the partial divides (merge.py)."""
 
 
 def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> SiteMatch:
@@ -59,13 +62,44 @@ def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.
         sources = [strip_casts(index, operand, values) for _, operand in combines]
     else:
         raise Rejected(f"the {n} softmax weights are used by {len(combines)} products")
+    sources = _in_one_shape(index, sources, values)
     shapes = {values[s].shape for s in sources}
     if len(shapes) != 1 or len({values[s].dtype for s in sources}) != 1:
         raise Rejected("the sources differ in shape or type")
     output = _weighted_sum(index, [node for node, _ in combines], next(iter(shapes)), values)
+    weighted = output
     output = _through_deferred_division(index, output, softmax.output[0])
-    output = _through_cast_back(index, output, values[sources[0]].dtype, values)
-    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots})
+    producer = index.producer.get(softmax.output[0])
+    normalizer = exp_sum(index, softmax.output[0]) \
+        if output == weighted and producer is not None and producer.op_type == "Exp" else None
+    if normalizer is None:
+        output = _through_cast_back(index, output, values[sources[0]].dtype, values)
+    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots}, normalizer)
+
+
+def _in_one_shape(index: GraphIndex, sources: list[str], values: ChainMap) -> list[str]:
+    """The sources in one shape: a source that differs from the others only by a Reshape that keeps its rows
+    (``x.reshape(b * t, d)`` before writing it into a token-major bank) is taken before that Reshape, when that gives
+    every source the same shape."""
+    if len({values[s].shape for s in sources}) == 1:
+        return sources
+    chains = [_reshaped_from(index, s, values) for s in sources]
+    for shape in [values[name].shape for name in chains[0]]:
+        picked = [next((name for name in chain if values[name].shape == shape), None) for chain in chains]
+        if all(picked):
+            return picked
+    return sources
+
+
+def _reshaped_from(index: GraphIndex, name: str, values: ChainMap) -> list[str]:
+    """``name`` and the tensors it is a row-preserving Reshape of (same last axis, same size), nearest first."""
+    chain = [name]
+    while (node := index.producer.get(chain[-1])) is not None and node.op_type == "Reshape":
+        before, after = values.get(node.input[0]), values[chain[-1]]
+        if before is None or before.size != after.size or before.shape[-1:] != after.shape[-1:]:
+            break
+        chain.append(node.input[0])
+    return chain
 
 
 def _stacked_sources(index: GraphIndex, combine: tuple[onnx.NodeProto, str], n: int, values: ChainMap,

@@ -2,8 +2,10 @@
 
 Phase 1 mixes the completed blocks (a matched site: sources and result ``o``); phase 2 merges the one
 intra-block source ``p`` by an online-softmax step, through a log-sum-exp and ``exp``/``sigmoid``, or through a
-running max and sum. Whatever ops spell it, the merged result ``h`` is one aggregation over ``[blocks..., p]``
-and lies on the segment from ``o`` to ``p`` in every row (``h = o + g * (p - o)``, ``0 <= g <= 1``). That is
+running max and sum. A phase 1 kept unnormalized (``sum(exp(x) * v)`` and ``sum(exp(x))`` apart) is normalized
+here, from the captured values, before the segment test. Whatever ops spell it, the merged result ``h`` is one
+aggregation over ``[blocks..., p]`` and lies on the segment from ``o`` to ``p`` in every row
+(``h = o + g * (p - o)``, ``0 <= g <= 1``). That is
 the cheap anchor: the tensors after ``o`` are the candidate results, the source-shaped tensors behind each the
 candidate partials, and the captured values pick the pair. Whether the pair is AttnRes is decided as for every
 site (probe.py, verify.py).
@@ -20,7 +22,7 @@ from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.resolve import strip_casts
 
 RESULT_WINDOW = 48
-"""How many nodes after the phase-1 result the merge may end (the merge itself is about 15)."""
+"""How many nodes computed from the phase-1 result are looked at for the merge (the merge itself is about 15)."""
 PARTIAL_STEPS = 64
 """How many nodes the walk back from a candidate result looks through for the partial."""
 SEGMENT_TOLERANCE = 1e-3
@@ -34,6 +36,12 @@ def merged_site(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarra
     mixed = values.get(match.output)
     if mixed is None:
         return None
+    if match.normalizer is not None:
+        total = values.get(match.normalizer)
+        if total is None or total.size * mixed.shape[-1] != mixed.size:
+            return None
+        mixed = (np.asarray(mixed, np.float64) / np.asarray(total, np.float64).reshape(*mixed.shape[:-1], 1))
+        mixed = mixed.astype(values[match.output].dtype)
     after = _tensors_after(index, match.output)
     for result in after:
         value = values.get(result)
@@ -46,16 +54,20 @@ def merged_site(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarra
 
 
 def _tensors_after(index: GraphIndex, name: str) -> list[str]:
-    """Tensors computed from ``name`` within RESULT_WINDOW nodes of it, in graph order."""
-    producer = index.producer.get(name)
-    start = index.position[id(producer)] if producer is not None else 0
-    derived = {name}
-    found = []
-    for node in index.nodes[start + 1: start + 1 + RESULT_WINDOW]:
-        if any(i in derived for i in node.input):
-            derived.update(o for o in node.output if o)
-            found.extend(o for o in node.output if o)
-    return found
+    """Tensors computed from ``name`` by the first RESULT_WINDOW nodes reached along its consumers (breadth first),
+    in graph order: the merge follows ``o`` in data, however far in the graph (a phase 1 run for every query of a
+    block before its sublayers is merged only after the sublayers before it)."""
+    reached, frontier = {}, [name]
+    while frontier and len(reached) < RESULT_WINDOW:
+        onward = []
+        for tensor in frontier:
+            for node in index.consumers.get(tensor, []):
+                if id(node) not in reached and len(reached) < RESULT_WINDOW:
+                    reached[id(node)] = node
+                    onward.extend(o for o in node.output if o)
+        frontier = onward
+    nodes = sorted(reached.values(), key=lambda node: index.position[id(node)])
+    return [o for node in nodes for o in node.output if o]
 
 
 def _partials_behind(index: GraphIndex, result: str, stop: set[str], derived: set[str],

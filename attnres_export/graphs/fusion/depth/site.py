@@ -28,11 +28,21 @@ from attnres_export.graphs.fusion.probe import (
 from attnres_export.graphs.fusion.region import extract_region, region_model
 from attnres_export.graphs.fusion.result import Replacement
 
+NO_EPS = ("its RMS norm adds no eps, so it was fused with eps 0: torch.onnx.export's default optimizer drops an eps "
+          "of 1e-8 or less (x + 1e-9 folds to x); if the model's eps is not 0, re-export with "
+          "torch.onnx.export(..., optimize=False), or give attnres-export the .pt2 program, which keeps it")
+"""A verified site whose region adds no eps: the graph may have lost the model's (docs/fusion.md)."""
+
 
 def fuse_merged_or_plain(context: FusionContext, match: SiteMatch, merged: SiteMatch | None,
                          name: str) -> Replacement:
     """The two-phase merge of ``match`` with its partial as one node (merge.py); when that merge does not verify,
     the phase-1 aggregation alone, with the reason the merge stays standard ops. Raises Rejected."""
+    if match.normalizer is not None:
+        if merged is None:
+            raise Rejected(f"phase 1 is kept unnormalized (its sum of exponentials {match.normalizer!r} apart) and "
+                           "no merge with a partial sum into a normalized result follows it")
+        return fuse_site(context, merged, name)
     if merged is None:
         return fuse_site(context, match, name)
     try:
@@ -75,7 +85,8 @@ def fuse_site(context: FusionContext, match: SiteMatch, name: str) -> Replacemen
                 result = values[match.output].dtype
                 cast_to = None if result == example.dtype else oh.np_dtype_to_tensor_dtype(result)
                 plan = AggregateReplacement(name, match.sources, match.output, sw, eps, cast_to, match.constants)
-                return Replacement(plan, len(match.sources), eps, verdict.worst.rel_l2 if verdict.worst else None)
+                return Replacement(plan, len(match.sources), eps, verdict.worst.rel_l2 if verdict.worst else None,
+                                   warnings=[NO_EPS] if eps == 0 else [])
             if unprobed is None:
                 reasons.append(verdict.reason)
         if unprobed is not None:
@@ -91,8 +102,9 @@ def _score_weights(match: SiteMatch, evaluate, logits, example: np.ndarray, eps:
 
     A stack of one tensor repeated gives that tensor whatever the weights, so the graph's own constant (or zero)
     is exact. Otherwise the probe, snapped to the region's constants it matches; when probing fails for several
-    sources (a saturated softmax), the constants' products are tried directly. Raises Rejected when there is
-    nothing to try."""
+    sources (a saturated softmax), or matches no constant with eps 0 (where the logit gap no longer depends on the
+    probe's size, so a large score weight comes back imprecise), the constants' products are tried directly.
+    Raises Rejected when there is nothing to try."""
     dim = example.shape[-1]
     if len(set(match.sources)) == 1 and len(match.sources) > 1:
         return [*constant_candidates(constant_of, region_nodes, dim)[:1], np.zeros(dim)], None
@@ -106,7 +118,10 @@ def _score_weights(match: SiteMatch, evaluate, logits, example: np.ndarray, eps:
         if not fallback:
             raise
         return fallback, str(exc)
-    return [snap_to_constants(constant_of, region_nodes, sw)], None
+    snapped = snap_to_constants(constant_of, region_nodes, sw)
+    if snapped is not sw or eps > 0:
+        return [snapped], None
+    return [sw, *constant_candidates(constant_of, region_nodes, dim)], None
 
 
 def _evaluator(index: GraphIndex, sources: list[str], output: str, values: dict[str, np.ndarray],

@@ -26,6 +26,8 @@ from attnres_export.ops.opset import DOMAIN, OPSET_VERSION, PLUGIN_NAMESPACE, PL
 
 KEY_SWAP = [0, 1, 3, 2]
 """``k`` from ``k^T`` (and back): the last two axes swapped."""
+MERGED_KEY_SWAP = [0, 2, 1]
+"""The same for 3-D ``[B*H, T, d]`` heads."""
 
 
 @dataclass
@@ -47,6 +49,42 @@ class ResidualReplacement:
     types: dict[str, int]
     """Element type of every tensor named above (the node needs float32 ``prev``/``mask`` and writes ``out`` in
     q's type and float32 ``scores``; Casts bridge the difference)."""
+    heads_merged: bool = False
+    """3-D heads ``[B*H, T, d]`` (``torch.bmm``): the node sees them with a leading unit axis (B = 1, H = B*H)."""
+    mask_rank: int = 4
+
+    @property
+    def key_swap(self) -> list[int]:
+        return MERGED_KEY_SWAP if self.heads_merged else KEY_SWAP
+
+
+def four_d(r: ResidualReplacement, inputs: list[str], outputs: list[str], fresh: Fresh
+           ) -> tuple[list[str], list[str], list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """The node's inputs and outputs for ``r``'s heads, and the nodes before and after it: as they are for 4-D heads;
+    for 3-D heads, each input with leading unit axes up to rank 4 (Unsqueeze) and each output without its leading
+    one (Squeeze), so ``[B*H, T, d]`` is read as B = 1, H = B*H (attention is the same per head either way)."""
+    if not r.heads_merged:
+        return inputs, outputs, [], []
+    before, after = [], []
+
+    def axes(count: int) -> str:
+        name = fresh("axes")
+        before.append(oh.make_node("Constant", [], [name], name=f"{r.name}/{name}",
+                                   value=oh.make_tensor(name, TensorProto.INT64, [count], list(range(count)))))
+        return name
+
+    lifted = []
+    for name, rank in zip(inputs, (3, 3, 3, 3, r.mask_rank), strict=False):
+        if not name or rank >= 4:
+            lifted.append(name)
+            continue
+        lifted.append(fresh("heads"))
+        before.append(oh.make_node("Unsqueeze", [name, axes(4 - rank)], [lifted[-1]], name=f"{r.name}/{lifted[-1]}"))
+    unit = axes(1)
+    merged = [fresh("heads") for _ in outputs]
+    after = [oh.make_node("Squeeze", [four, unit], [three], name=f"{r.name}/{three}_squeeze")
+             for four, three in zip(merged, outputs, strict=True)]
+    return lifted, merged, before, after
 
 
 def attention_node(name: str, inputs: list[str], outputs: list[str], scale: float, divisor: float) -> onnx.NodeProto:
@@ -107,9 +145,10 @@ def _fused_nodes(index: GraphIndex, r: ResidualReplacement, fresh: Fresh,
     prev, mask = float_version(r.prev), float_version(r.mask)
     key = _key(index, r, fresh, nodes)
     out = r.out if r.types[r.out] == r.types[r.q] else fresh("out")
-    fused = attention_node(r.name, [r.q, key, r.v, prev, mask], [out, as_float[r.scores]], r.scale, r.divisor)
+    inputs, outputs, before, after = four_d(r, [r.q, key, r.v, prev, mask], [out, as_float[r.scores]], fresh)
+    fused = attention_node(r.name, inputs, outputs, r.scale, r.divisor)
     OPS[RESIDUAL_ATTENTION].compact(fused)
-    nodes.append(fused)
+    nodes.extend([*before, fused, *after])
     if out != r.out:
         nodes.append(oh.make_node("Cast", [out], [r.out], name=f"{r.name}/out_cast", to=r.types[r.out]))
     if as_float[r.scores] != r.scores:
@@ -122,11 +161,11 @@ def _key(index: GraphIndex, r: ResidualReplacement, fresh: Fresh, nodes: list[on
     """``k`` itself, or one Transpose: of the tensor that ``k^T`` was transposed from, or of ``k^T``."""
     if not r.key_transposed:
         return r.key
-    source, perm = r.key, KEY_SWAP
+    source, perm = r.key, r.key_swap
     producer = index.producer.get(r.key)
     if producer is not None and producer.op_type == "Transpose":
-        inner = attribute(producer, "perm") or [3, 2, 1, 0]
-        source, perm = producer.input[0], [inner[p] for p in KEY_SWAP]
+        inner = attribute(producer, "perm") or list(reversed(range(len(perm))))
+        source, perm = producer.input[0], [inner[p] for p in r.key_swap]
     if perm == sorted(perm):
         return source
     key = fresh("k")

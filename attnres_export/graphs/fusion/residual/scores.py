@@ -115,13 +115,14 @@ def _plan(index: GraphIndex, site: AttentionSite, role: _Role, values: dict[str,
     scale, divisor, mask = _read_path(index, site, prev_node, site.path.index(scores), constant_of)
     q, key, v = operands_of(site, index, values)
     prev = role.prev.name if role.prev else None
-    _check_shapes(values, q, key, site.key_transposed, v, prev, mask, values[site.path[0]].shape)
+    merged = _check_shapes(values, q, key, site.key_transposed, v, prev, mask, values[site.path[0]].shape)
     if not (math.isfinite(scale) and math.isfinite(divisor) and divisor != 0):
         raise Rejected(f"scale {scale} and divisor {divisor} are not finite and non-zero")
     out = _through_cast_back(index, site.weighted.output[0], values[q].dtype, values)
     names = [n for n in (q, key, v, prev, mask, out, scores) if n]
     return ResidualReplacement(name, q, key, site.key_transposed, v, prev, mask, out, scores, scale, divisor,
-                               element_types(names, types, values))
+                               element_types(names, types, values), merged,
+                               values[mask].ndim if mask else 4)
 
 
 def _read_path(index: GraphIndex, site: AttentionSite, prev_node: onnx.NodeProto | None, at: int,
@@ -182,19 +183,23 @@ def _scalar_factor(node: onnx.NodeProto, operand: Operand | None, path_in: str, 
 
 
 def _check_shapes(values: dict[str, np.ndarray], q: str, key: str, transposed: bool, v: str, prev: str | None,
-                  mask: str | None, scores: tuple[int, ...]) -> None:
+                  mask: str | None, scores: tuple[int, ...]) -> bool:
+    """Do q, k, v fit ``softmax(q @ k^T) @ v`` with 4-D heads ``[B, H, T, d]`` (False) or 3-D ``[B*H, T, d]``
+    (True, ``torch.bmm``)? Raises Rejected otherwise."""
     shapes = [values[n].shape for n in (q, key, v)]
-    if any(len(s) != 4 for s in shapes):
-        raise Rejected(f"q, k and v are not 4-D [B, H, T, d] (ranks {[len(s) for s in shapes]})")
+    ranks = {len(s) for s in shapes}
+    if len(ranks) != 1 or ranks.isdisjoint({3, 4}):
+        raise Rejected(f"q, k and v are not 4-D [B, H, T, d] or 3-D [B*H, T, d] (ranks {[len(s) for s in shapes]})")
     q_shape, k_shape, v_shape = shapes
     if transposed:
-        k_shape = (*k_shape[:2], k_shape[3], k_shape[2])
-    if q_shape[3] != k_shape[3] or k_shape[2] != v_shape[2]:
+        k_shape = (*k_shape[:-2], k_shape[-1], k_shape[-2])
+    if q_shape[-1] != k_shape[-1] or k_shape[-2] != v_shape[-2]:
         raise Rejected(f"q {q_shape}, k {k_shape} and v {v_shape} do not fit softmax(q @ k^T) @ v")
     if prev is not None and values[prev].shape != scores:
         raise Rejected(f"the previous scores are {values[prev].shape}, not the full scores {scores}")
     if mask is not None and not _broadcasts(values[mask].shape, scores):
         raise Rejected(f"the mask {values[mask].shape} does not broadcast to the scores {scores}")
+    return ranks == {3}
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

@@ -9,6 +9,7 @@ place than after the divisor shows, which a -10000 padding bias hides).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from attnres_export.dtypes import BY_ONNX
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.region import extract_region, region_model
-from attnres_export.graphs.fusion.residual.rewrite import KEY_SWAP, ResidualReplacement, attention_node
+from attnres_export.graphs.fusion.residual.rewrite import ResidualReplacement, attention_node, four_d
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 Feeds = dict[str, np.ndarray]
@@ -58,7 +59,7 @@ class _Fused:
     def __init__(self, r: ResidualReplacement, values: Feeds, numerics: Numerics) -> None:
         names = _inputs(r)
         inputs = [oh.make_tensor_value_info(n, r.types[n], list(values[n].shape)) for n in names]
-        nodes = [oh.make_node("Transpose", [r.key], ["k"], perm=KEY_SWAP) if r.key_transposed
+        nodes = [oh.make_node("Transpose", [r.key], ["k"], perm=r.key_swap) if r.key_transposed
                  else oh.make_node("Identity", [r.key], ["k"])]
         optional = []
         for name in (r.prev, r.mask):
@@ -66,7 +67,10 @@ class _Fused:
                 nodes.append(oh.make_node("Cast", [name], [f"{name}/float"], to=TensorProto.FLOAT))
                 name = f"{name}/float"
             optional.append(name or "")
-        nodes.append(attention_node("fused", [r.q, "k", r.v, *optional], ["out", "scores"], r.scale, r.divisor))
+        counter = itertools.count()
+        fused_inputs, fused_outputs, before, after = four_d(r, [r.q, "k", r.v, *optional], ["out", "scores"],
+                                                            lambda prefix: f"{prefix}_{next(counter)}")
+        nodes.extend([*before, attention_node("fused", fused_inputs, fused_outputs, r.scale, r.divisor), *after])
         outputs = [oh.make_tensor_value_info("out", r.types[r.q], None),
                    oh.make_tensor_value_info("scores", TensorProto.FLOAT, None)]
         graph = oh.make_graph(nodes, "attnres_fused_attention", inputs, outputs)

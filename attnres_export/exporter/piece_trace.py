@@ -1,0 +1,165 @@
+"""Tracing each kind of piece of an export plan once (docs/exporter-notes.md#assembled-export).
+
+The first piece of every kind is traced with its weights as graph inputs (empty stand-ins of their shape and type:
+no weight passes through the trace), all kinds in one ``torch.onnx.export`` call so that torch.onnx's fixed cost
+(building its op registry, setting up the tracer) is paid once. Each kind gets its own symbolic dims, so no piece's
+graph reads another's input shapes; the traced graph is then cut into one graph per kind, and the trace's symbol
+names are mapped back to the plan's dim names (``batch``, ``seq``, ``past``, ``total``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import onnx_ir as ir
+import sympy
+import torch
+from torch import nn
+
+from attnres_export.dims import DimRange
+from attnres_export.dtypes import torch_dtype
+from attnres_export.errors import ExportError
+from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
+from attnres_export.graphs.schemas import register_schemas
+from attnres_export.models.base import PlanPiece, PlanValue
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass
+class TracedKind:
+    """One kind's graph, cut out of the combined trace."""
+
+    kind: str
+    inputs: list[ir.Value]
+    """The piece's inputs, in signature order."""
+    weights: list[tuple[str, ir.Value]]
+    """(name in the piece's module, graph input) per weight."""
+    outputs: list[ir.Value]
+    nodes: list[ir.Node]
+    """Every node the outputs depend on, in graph order."""
+    shapes: dict[ir.Value, ir.Shape | None]
+    """Each value's shape with the plan's dim names."""
+
+
+def piece_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The weights of a piece: its parameters and buffers, by name in the module."""
+    return [*module.named_parameters(), *module.named_buffers()]
+
+
+class _Representatives(nn.Module):
+    """Calls the first piece of each kind on its own inputs, with its weights given as inputs too. The pieces'
+    modules are held in a plain tuple, not registered, so the trace captures none of their tensors."""
+
+    def __init__(self, pieces: list[PlanPiece]) -> None:
+        super().__init__()
+        self.pieces = tuple(pieces)
+        self.weight_names = tuple([name for name, _ in piece_tensors(p.module)] for p in pieces)
+
+    def forward(self, inputs: list[list[torch.Tensor]], weights: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        outputs: list[torch.Tensor] = []
+        for piece, names, args, tensors in zip(self.pieces, self.weight_names, inputs, weights, strict=True):
+            out = torch.func.functional_call(piece.module, dict(zip(names, tensors, strict=True)), tuple(args))
+            outputs.extend(out if isinstance(out, tuple) else (out,))
+        return tuple(outputs)
+
+
+def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dict[str, int], dtype: str,
+                opset: int) -> tuple[dict[str, TracedKind], ir.Model]:
+    """Trace the first piece of each kind at the trace ``sizes`` of the dims, dynamic over their ``ranges``; returns
+    each kind's graph and the combined trace they were cut from."""
+    register_schemas()
+    firsts: dict[str, PlanPiece] = {}
+    for piece in pieces:
+        firsts.setdefault(piece.kind, piece)
+    first = list(firsts.values())
+    inputs, weights, dynamic, input_names, output_names = [], [], [], [], []
+    for index, piece in enumerate(first):
+        if len(piece.signature) != len(piece.inputs):
+            raise ExportError(f"the {piece.kind} piece reads {len(piece.inputs)} values but its signature lists "
+                              f"{len(piece.signature)}; the model's export plan is wrong (please report this)")
+        dims = {name: torch.export.Dim(f"{name}_{index}", min=rng.min, max=rng.max)
+                for name, rng in ranges.items() if rng.min < rng.max}
+        inputs.append([_example(value, sizes, dtype) for value in piece.signature])
+        dynamic.append([{axis: dims[label] for axis, label in enumerate(value.axes) if label in dims}
+                        for value in piece.signature])
+        tensors = piece_tensors(piece.module)
+        weights.append([torch.empty(t.shape, dtype=t.dtype) for _, t in tensors])
+        input_names.extend(f"{piece.kind}/{value.name}" for value in piece.signature)
+        output_names.extend(f"{piece.kind}/out{i}" for i in range(len(piece.outputs)))
+    weight_names = [f"{piece.kind}/{name}" for piece in first for name, _ in piece_tensors(piece.module)]
+    program = quiet_torch_onnx_export(
+        _Representatives(first), (inputs, weights), custom_translation_table=translation_table(),
+        dynamic_shapes=(dynamic, [[None] * len(w) for w in weights]), input_names=input_names + weight_names,
+        output_names=output_names, opset_version=opset)
+    graph = program.model.graph
+    by_name = {value.name: value for value in graph.inputs}
+    produced = iter(graph.outputs)
+    traced = {}
+    for piece in first:
+        piece_inputs = [by_name[f"{piece.kind}/{value.name}"] for value in piece.signature]
+        piece_weights = [(name, by_name[f"{piece.kind}/{name}"]) for name, _ in piece_tensors(piece.module)]
+        outputs = [next(produced) for _ in piece.outputs]
+        nodes = _nodes_reaching(graph, outputs, {*piece_inputs, *(v for _, v in piece_weights)}, piece.kind)
+        names = _dim_names(piece.signature, piece_inputs)
+        values = [*piece_inputs, *(v for _, v in piece_weights), *(o for n in nodes for o in n.outputs)]
+        traced[piece.kind] = TracedKind(piece.kind, piece_inputs, piece_weights, outputs, nodes,
+                                        {v: _renamed(v.shape, names) for v in values})
+    return traced, program.model
+
+
+def _example(value: PlanValue, sizes: dict[str, int], dtype: str) -> torch.Tensor:
+    shape = [sizes[a] if isinstance(a, str) else a for a in value.axes]
+    held = torch_dtype(dtype) if value.dtype == "model" else getattr(torch, value.dtype)
+    return torch.zeros(shape, dtype=held)
+
+
+def _nodes_reaching(graph: ir.Graph, outputs: list[ir.Value], own: set[ir.Value], kind: str) -> list[ir.Node]:
+    """The nodes ``outputs`` depend on, in graph order; a graph input other than the piece's own is refused."""
+    inputs = set(graph.inputs)
+    needed: set[ir.Node] = set()
+    pending = list(outputs)
+    while pending:
+        value = pending.pop()
+        if value in inputs and value not in own:
+            raise ExportError(f"the traced {kind} piece reads {value.name}, another piece's input; please report "
+                              "this (export with --trace-whole meanwhile)")
+        node = value.producer()
+        if node is None or node in needed:
+            continue
+        if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+            raise ExportError(f"the traced {kind} piece holds a {node.op_type} node with a subgraph, which the "
+                              "assembler does not copy; export with --trace-whole")
+        needed.add(node)
+        pending.extend(v for v in node.inputs if v is not None)
+    return [node for node in graph if node in needed]
+
+
+def _dim_names(signature: tuple[PlanValue, ...], values: list[ir.Value]) -> dict[str, str]:
+    """Trace symbol -> plan dim name, read off the piece's inputs."""
+    names = {}
+    for spec, value in zip(signature, values, strict=True):
+        if value.shape is None:
+            continue
+        for label, dim in zip(spec.axes, value.shape, strict=True):
+            if isinstance(label, str) and isinstance(dim, ir.SymbolicDim) and dim.value is not None \
+                    and _IDENTIFIER.fullmatch(dim.value):
+                names[dim.value] = label
+    return names
+
+
+def _renamed(shape: ir.Shape | None, names: dict[str, str]) -> ir.Shape | None:
+    if shape is None:
+        return None
+    return ir.Shape([_renamed_dim(d, names) for d in shape])
+
+
+def _renamed_dim(dim: int | ir.SymbolicDim, names: dict[str, str]) -> int | str | None:
+    if isinstance(dim, int) or dim.value is None:
+        return dim if isinstance(dim, int) else None
+    if dim.value in names:
+        return names[dim.value]
+    symbols = {token: sympy.Symbol(token) for token in _IDENTIFIER.findall(dim.value) if token in names}
+    expr = sympy.sympify(dim.value, locals=symbols)
+    return str(expr.subs({symbol: sympy.Symbol(names[token]) for token, symbol in symbols.items()}))

@@ -1,0 +1,225 @@
+"""``KimiLinearConfig``: a whole Kimi Linear body (docs/models.md#kimi-linear), read from a ``config.json`` with
+transformers 5.23's ``KimiLinearConfig`` semantics (its ``attribute_map`` spellings, its defaults), every key
+either read, inert, or refused in one line naming it.
+
+The checkpoint form (``to_dict``) is the ``config.json`` itself under ``hf_config``: the body is fully determined
+by it, so ``from_dict`` parses it again instead of keeping a second spelling of the same settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnres_export.errors import CheckpointError
+from attnres_export.models.decoder.hf_config import IRRELEVANT_KEYS
+from attnres_export.models.decoder.moe import MoEConfig
+from attnres_export.models.kimi.config import KdaConfig
+
+ARCH = "kimi-linear"
+MODEL_TYPE = "kimi_linear"
+
+ALIASES = {"moe_renormalize": "norm_topk_prob", "num_expert_group": "n_group", "num_experts": "num_local_experts",
+           "num_experts_per_token": "num_experts_per_tok", "num_shared_experts": "n_shared_experts",
+           "model_max_length": "max_position_embeddings"}
+"""transformers' ``attribute_map``: the spelling ``save_pretrained`` writes -> the attribute it reads."""
+
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27, "num_attention_heads": 32, "num_key_value_heads": None, "n_shared_experts": 1,
+    "routed_scaling_factor": 2.446, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "hidden_act": "silu", "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False, "attention_bias": False, "num_local_experts": 256, "mlp_layer_types": None,
+    "first_k_dense_replace": 1, "attn_res_block_size": None,
+}
+"""``KimiLinearConfig``'s defaults (5.23) for the keys this body reads."""
+
+KDA_KEYS = frozenset({"linear_attn_config", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
+                      "layer_types"})
+DERIVED = ("head_dim", "qk_head_dim")
+"""Keys transformers derives (``qk_rope_head_dim``, ``qk_nope + qk_rope``) and saves; a stored value must agree."""
+INERT_VALUES = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid", "use_grouped_topk": True,
+                "moe_layer_freq": 1, "num_nextn_predict_layers": 0}
+"""Keys of Moonshot's own config.json that transformers ignores, accepted only with the value that means what
+transformers computes."""
+
+
+@dataclass(frozen=True)
+class KimiLinearConfig:
+    """The Kimi Linear body of one ``config.json`` (``hf_config``); the rest is derived from it."""
+
+    hf_config: dict[str, Any]
+    arch: str = ARCH
+    vocab_size: int = field(init=False)
+    hidden_size: int = field(init=False)
+    num_hidden_layers: int = field(init=False)
+    num_attention_heads: int = field(init=False)
+    intermediate_size: int = field(init=False)
+    rms_norm_eps: float = field(init=False)
+    max_position_embeddings: int = field(init=False)
+    q_lora_rank: int | None = field(init=False)
+    kv_lora_rank: int = field(init=False)
+    qk_nope_head_dim: int = field(init=False)
+    qk_rope_head_dim: int = field(init=False)
+    v_head_dim: int = field(init=False)
+    attention_bias: bool = field(init=False)
+    tie_word_embeddings: bool = field(init=False)
+    """Read and kept, but it ties nothing: transformers 5.23's ``KimiLinearForCausalLM`` has no tied weights."""
+    kda: KdaConfig = field(init=False)
+    moe: MoEConfig = field(init=False)
+    mlp_layer_types: tuple[str, ...] = field(init=False)
+    attn_res_block_size: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.arch != ARCH:
+            raise CheckpointError(f"Kimi config: arch must be {ARCH!r}, got {self.arch!r}")
+        for name, value in _parse(self.hf_config).items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        return self.kda.layer_types
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def n_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def attn_res(self) -> bool:
+        return self.attn_res_block_size is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.mlp_layer_types[index] == "sparse"
+
+    def describe(self) -> str:
+        kda = sum(kind == "linear_attention" for kind in self.layer_types)
+        residual = f"AttnRes, {self.attn_res_block_size} layers a block" if self.attn_res else "standard residuals"
+        return (f"kimi_linear body, {self.num_hidden_layers} layers ({kda} KDA, {self.num_hidden_layers - kda} "
+                f"MLA), {residual}")
+
+    def features(self) -> list[tuple[str, str]]:
+        """What this body computes, for ``attnres inspect``: (feature, setting) rows."""
+        kda, moe = self.kda, self.moe
+        sparse = [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
+        return [
+            ("family", MODEL_TYPE), ("layers", str(self.num_hidden_layers)),
+            ("KDA layers", f"{list(kda.kda_layers)} ({kda.num_heads} heads of {kda.head_dim}, conv {kda.conv_size})"),
+            ("latent attention", f"NoPE, {self.num_attention_heads} heads, q_lora_rank {self.q_lora_rank}, "
+                                 f"kv_lora_rank {self.kv_lora_rank}, nope/shared/v head dims "
+                                 f"{self.qk_nope_head_dim}/{self.qk_rope_head_dim}/{self.v_head_dim}"),
+            ("experts", f"{moe.num_experts} routed, top-{moe.top_k}, {moe.n_shared_experts} shared (sigmoid router, "
+                        f"{moe.topk_group} of {moe.n_group} groups) in layers {sparse}"),
+            ("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block" if self.attn_res
+             else "standard"),
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arch": self.arch, "hf_config": dict(self.hf_config)}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> KimiLinearConfig:
+        if not isinstance(raw, dict) or set(raw) != {"arch", "hf_config"} or not isinstance(raw["hf_config"], dict):
+            raise CheckpointError("kimi-linear checkpoint config must be {'arch': 'kimi-linear', 'hf_config': {...}}")
+        return cls(hf_config=raw["hf_config"], arch=raw["arch"])
+
+    @classmethod
+    def from_hf(cls, raw: Any, where: str = "config.json") -> KimiLinearConfig:
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{where}: expected a JSON object")
+        try:
+            return cls(hf_config=dict(raw))
+        except CheckpointError as err:
+            raise CheckpointError(f"{where}: {err}") from None
+
+
+def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The derived fields of ``raw`` (a kimi_linear ``config.json``)."""
+    if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+        raise CheckpointError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
+    if raw.get("quantization_config") is not None:
+        raise CheckpointError("quantization_config: quantized checkpoints are not supported; give floating-point "
+                              "weights")
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in raw.items():
+        name = ALIASES.get(key, key)
+        if name in values and values[name] != value:
+            raise CheckpointError(f"{spelled[name]} and {key} are both given and disagree; keep one")
+        values[name], spelled[name] = value, key
+    for key, wanted in INERT_VALUES.items():
+        if key in values and values.pop(key) != wanted:
+            raise CheckpointError(f"{key} = {raw[key]!r} is not implemented (only {wanted!r}, what transformers "
+                                  "5.23 computes)")
+    unknown = sorted(set(values) - set(DEFAULTS) - KDA_KEYS - set(DERIVED) - IRRELEVANT_KEYS)
+    if unknown:
+        raise CheckpointError(f"config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} not implemented "
+                              "for kimi_linear (docs/models.md#kimi-linear lists what is computed)")
+
+    def get(key: str) -> Any:
+        return values[key] if values.get(key) is not None else DEFAULTS[key]
+
+    def whole(key: str, minimum: int = 1) -> int:
+        value = get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise CheckpointError(f"{key} must be a whole number >= {minimum}, got {value!r}")
+        return value
+
+    def flag(key: str) -> bool:
+        value = get(key)
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{key} must be true or false, got {value!r}")
+        return value
+
+    layers, heads = whole("num_hidden_layers"), whole("num_attention_heads")
+    kv_heads = values.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != heads:
+        raise CheckpointError(f"num_key_value_heads {kv_heads} != num_attention_heads {heads}: Kimi Linear's latent "
+                              "attention expands its keys to every head")
+    if get("hidden_act") != "silu":
+        raise CheckpointError(f"hidden_act {get('hidden_act')!r} is not implemented (gated MLPs with silu only)")
+    out = {"vocab_size": whole("vocab_size"), "hidden_size": whole("hidden_size"), "num_hidden_layers": layers,
+           "num_attention_heads": heads, "intermediate_size": whole("intermediate_size"),
+           "max_position_embeddings": whole("max_position_embeddings"), "kv_lora_rank": whole("kv_lora_rank"),
+           "qk_nope_head_dim": whole("qk_nope_head_dim"), "qk_rope_head_dim": whole("qk_rope_head_dim"),
+           "v_head_dim": whole("v_head_dim"), "attention_bias": flag("attention_bias"),
+           "tie_word_embeddings": flag("tie_word_embeddings")}
+    out["q_lora_rank"] = None if get("q_lora_rank") is None else whole("q_lora_rank")
+    eps = get("rms_norm_eps")
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < float("inf"):
+        raise CheckpointError(f"rms_norm_eps must be a finite number >= 0, got {eps!r}")
+    out["rms_norm_eps"] = float(eps)
+    for key, want in (("head_dim", out["qk_rope_head_dim"]),
+                      ("qk_head_dim", out["qk_nope_head_dim"] + out["qk_rope_head_dim"])):
+        if values.get(key) is not None and values[key] != want:
+            raise CheckpointError(f"{key} {values[key]!r} disagrees with the {want} transformers derives from the "
+                                  "latent attention sizes")
+    out["kda"] = KdaConfig.from_hf({**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}})
+    out["mlp_layer_types"] = _mlp_layer_types(values.get("mlp_layer_types"), whole("first_k_dense_replace", 0),
+                                              layers)
+    shared = whole("n_shared_experts")
+    out["moe"] = MoEConfig(
+        hidden_size=out["hidden_size"], moe_intermediate_size=whole("moe_intermediate_size"),
+        num_experts=whole("num_local_experts"), top_k=whole("num_experts_per_tok"), router="sigmoid",
+        norm_topk_prob=flag("norm_topk_prob"), routed_scaling_factor=float(get("routed_scaling_factor")),
+        n_group=whole("n_group"), topk_group=whole("topk_group"), n_shared_experts=shared)
+    out["attn_res_block_size"] = None if get("attn_res_block_size") is None else whole("attn_res_block_size")
+    return out
+
+
+def _mlp_layer_types(given: Any, first_dense: int, layers: int) -> tuple[str, ...]:
+    """``mlp_layer_types`` as given, else transformers' default (the first ``first_k_dense_replace`` dense)."""
+    if given is None:
+        return tuple("dense" if i < first_dense else "sparse" for i in range(layers))
+    if not isinstance(given, list) or len(given) != layers or not set(given) <= {"dense", "sparse"}:
+        raise CheckpointError(f"mlp_layer_types must list {layers} values of dense, sparse")
+    return tuple(given)
