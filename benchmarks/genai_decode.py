@@ -4,9 +4,7 @@ makes from the same Hugging Face checkpoint, every folder driven by onnxruntime-
 For each body (Llama- and Qwen3-style, transformers' ``save_pretrained`` at random init, with a small BPE tokenizer
 the builder needs) it makes:
 - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32|fp16 -e cpu``;
-- ``ours``: ``attnres-export SRC --with-past --target portable --genai OUT [--dtype float16]`` of the same weights
-  (the Hugging Face folder itself when attnres reads its ``model_type``; until then a Llama-style body goes through
-  AttnResLM with standard residuals, the same computation under our own names);
+- ``ours``: ``attnres-export HF --with-past --target portable --genai OUT [--dtype float16]`` of the same folder;
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
@@ -37,9 +35,9 @@ import onnxruntime_genai as og
 import torch
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
-         "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
          "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0}
-"""One size for every body: AttnResLM computes a Llama body with as many key/value heads as query heads."""
+"""One size for both bodies (grouped-query attention, 2 query heads per key/value head by default)."""
 ATTNRES_BLOCK_LAYERS = 2
 """K3's ``attn_res_block_size`` (decoder layers per block): Block AttnRes with 4 sublayers per block."""
 DTYPES = {"fp32": "float32", "fp16": "float16"}
@@ -54,15 +52,16 @@ class Folder:
     path: Path
 
 
-def hf_folder(body: str, out: Path, seed: int) -> Path:
+def hf_folder(body: str, out: Path, seed: int, kv_heads: int) -> Path:
     """A transformers checkpoint at random init, with a BPE tokenizer (the builder reads one)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
+    sizes = SIZES | {"num_key_value_heads": kv_heads}
     if body == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**SIZES))
+        model = LlamaForCausalLM(LlamaConfig(**sizes))
     else:
-        model = Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=SIZES["hidden_size"] // SIZES["num_attention_heads"]))
+        model = Qwen3ForCausalLM(Qwen3Config(**sizes, head_dim=SIZES["hidden_size"] // SIZES["num_attention_heads"]))
     model.save_pretrained(out)
     _tokenizer().save_pretrained(out)
     return out
@@ -106,51 +105,6 @@ def with_attnres_keys(source: Path, out: Path, seed: int) -> Path:
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((source / name).read_bytes())
     return out
-
-
-def our_source(hf: Path, out: Path) -> Path | None:
-    """What ``attnres-export`` reads for the standard-residual body: the folder itself when attnres knows its
-    ``model_type``, else (a Llama body) the same weights as an AttnResLM folder with standard residuals; None when
-    neither (a Qwen3 body before attnres reads Qwen3 folders)."""
-    from attnres_export.models.hf_folder import K3_LAYER, save_folder
-    from attnres_export.models.registry import config_from_dict, for_hf_model_type
-
-    config = json.loads((hf / "config.json").read_text())
-    if for_hf_model_type(config["model_type"]) is not None:
-        return hf
-    if config["model_type"] != "llama":
-        return None
-    from safetensors.torch import load_file
-
-    cfg = config_from_dict({
-        "arch": "attnres-lm", "vocab_size": config["vocab_size"], "max_seq_len": config["max_position_embeddings"],
-        "d_model": config["hidden_size"], "n_layers": config["num_hidden_layers"],
-        "n_heads": config["num_attention_heads"], "d_ff": config["intermediate_size"], "residual": "standard",
-        "block_size": 0,
-        "eps": config["rms_norm_eps"]})
-    tensors = load_file(hf / "model.safetensors")
-    state = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"],
-             "lm_head.weight": tensors["lm_head.weight"]}
-    for name, tensor in tensors.items():
-        if name.startswith("model.layers."):
-            _, _, index, leaf = name.split(".", 3)
-            state[f"layers.{index}.{K3_LAYER[leaf]}"] = tensor
-    save_folder(state, cfg, out)
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((hf / name).read_bytes())
-    return out
-
-
-def readable(source: Path) -> bool:
-    """Does attnres read this checkpoint folder?"""
-    from attnres_export.errors import AttnresError
-    from attnres_export.models.hf_folder import read_folder
-
-    try:
-        read_folder(source)
-    except AttnresError:
-        return False
-    return True
 
 
 def builder(hf: Path, out: Path, precision: str) -> Path:
@@ -202,7 +156,8 @@ def generate(model: og.Model, prompt: np.ndarray, new: int) -> tuple[float, floa
         generator.generate_next_token()
         steps += 1
     decode = time.perf_counter() - start
-    return prefill, prompt.shape[0] * (steps - 1) / decode, list(generator.get_sequence(0))[prompt.shape[1]:]
+    tokens = [int(t) for t in generator.get_sequence(0)[prompt.shape[1]:]]
+    return prefill, prompt.shape[0] * (steps - 1) / decode, tokens
 
 
 def prompt_ids(batch: int, length: int) -> np.ndarray:
@@ -239,6 +194,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: its default)")
+    parser.add_argument("--kv-heads", type=int, default=SIZES["num_key_value_heads"],
+                        help="key/value heads (of 8 query heads); the builder's fp16 CPU graph fails with fewer than 8")
     parser.add_argument("--profile", action="store_true", help="per-op kernel time of a decode, every folder")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile-child", nargs=6, help=argparse.SUPPRESS)
@@ -251,9 +208,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="attnres-genai-") as tmp:
         scratch = Path(tmp)
         folders, notes = build_folders(args, batches, scratch)
-        results = measure(folders, batches, args)
+        results = measure(folders, batches, args, notes)
         profiles = ({f"{f.body}/{f.precision}/{f.kind}/b{b}": op_times(f.path, b, args, scratch)
-                     for f in folders for b in batches} if args.profile else {})
+                     for i, f in enumerate(folders) for b in batches if (i, b) in results} if args.profile else {})
     report(folders, results, profiles, notes, args)
 
 
@@ -261,19 +218,14 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
     folders: list[Folder] = []
     notes: list[str] = []
     for body in args.bodies.split(","):
-        hf = hf_folder(body, scratch / f"{body}-hf", seed=0)
-        standard = our_source(hf, scratch / f"{body}-attnres-lm")
+        hf = hf_folder(body, scratch / f"{body}-hf", seed=0, kv_heads=args.kv_heads)
         attnres = with_attnres_keys(hf, scratch / f"{body}-k3", seed=1)
         for precision in args.precisions.split(","):
             start = time.perf_counter()
             folders.append(Folder(body, precision, "builder", builder(hf, scratch / f"{body}-{precision}-builder",
                                                                       precision)))
             notes.append(f"{body} {precision}: builder {time.perf_counter() - start:.0f} s")
-            for kind, source in (("ours", standard), ("ours+attnres", attnres)):
-                if source is None or not readable(source):
-                    notes.append(f"{body} {precision} {kind}: attnres does not read this {body} folder yet "
-                                 "(the decoder bodies)")
-                    continue
+            for kind, source in (("ours", hf), ("ours+attnres", attnres)):
                 start = time.perf_counter()
                 folders.append(Folder(body, precision, kind, ours(source, scratch / f"{body}-{precision}-{kind}",
                                                                   precision, max(batches))))
@@ -281,17 +233,26 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
     return folders, notes
 
 
-def measure(folders: list[Folder], batches: list[int], args) -> dict[tuple[int, int], dict]:
-    """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens."""
+def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -> dict[tuple[int, int], dict]:
+    """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens. A folder that
+    fails to generate at a batch is left out there, with a note."""
     models = [load(f.path, args.threads or None) for f in folders]
     samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
     for batch in batches:
         prompt = prompt_ids(batch, args.prompt)
-        for model in models:  # warm-up: the first run of a session allocates
-            generate(model, prompt, 4)
+        running = []
+        for i, model in enumerate(models):  # warm-up: the first run of a session allocates
+            try:
+                generate(model, prompt, 4)
+            except RuntimeError as exc:
+                folder = folders[i]
+                notes.append(f"{folder.body} {folder.precision} {folder.kind} batch {batch}: onnxruntime-genai "
+                             f"fails ({str(exc).splitlines()[0][:300]})")
+                continue
+            running.append(i)
         for _ in range(args.repeats):
-            for i, model in enumerate(models):
-                samples[i, batch].append(generate(model, prompt, args.new))
+            for i in running:
+                samples[i, batch].append(generate(models[i], prompt, args.new))
     return {key: {"prefill_ms": 1e3 * statistics.median(s[0] for s in runs),
                   "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2]}
             for key, runs in samples.items()}
@@ -299,8 +260,8 @@ def measure(folders: list[Folder], batches: list[int], args) -> dict[tuple[int, 
 
 def report(folders: list[Folder], results: dict, profiles: dict, notes: list[str], args) -> None:
     print(f"onnxruntime-genai {og.__version__}, {platform.processor() or platform.machine()}, "
-          f"threads {args.threads or 'default'}, prompt {args.prompt}, {args.new} new tokens, "
-          f"medians of {args.repeats} rounds")
+          f"{args.kv_heads} key/value heads, threads {args.threads or 'default'}, prompt {args.prompt}, "
+          f"{args.new} new tokens, medians of {args.repeats} rounds")
     for note in notes:
         print("  " + note)
     print(f"{'body':6} {'prec':5} {'folder':13} {'batch':>5} {'prefill ms':>11} {'decode tok/s':>13} "
@@ -323,7 +284,7 @@ def _row(folders: list[Folder], results: dict, index: int, batch: int) -> dict:
     """One folder at one batch, with its ratios to the builder's folder and (AttnRes) to ours without AttnRes."""
     folder, result = folders[index], results[index, batch]
     peers = {f.kind: results[j, batch] for j, f in enumerate(folders)
-             if (f.body, f.precision) == (folder.body, folder.precision)}
+             if (f.body, f.precision) == (folder.body, folder.precision) and (j, batch) in results}
     base, standard = peers.get("builder"), peers.get("ours")
     compared = base is not None and folder.kind != "builder"
     return {

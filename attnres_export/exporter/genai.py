@@ -1,11 +1,12 @@
 """onnxruntime-genai folders: ``attnres-export MODEL --with-past --target portable --genai DIR`` (docs/genai.md).
 
-The with-past export (parity-checked as any export) is written into a private folder beside ``DIR`` as
-``model.onnx`` (with ``model.onnx.data`` when over protobuf's limit), then ``genai_config.json``
-(``genai_config.py``) and the checkpoint's tokenizer files join it, and the folder is renamed into place. Only the
-``portable`` target runs there: the fused attnres nodes of the other targets need a custom-op library that
-onnxruntime-genai cannot load yet. A folder whose export missed its parity bar is kept as ``DIR.failed`` (its
-``model.failed.onnx``, no config), never as ``DIR``.
+The with-past export of the ``portable`` target is written into a private folder beside ``DIR`` as ``model.onnx``
+(with ``model.onnx.data`` when over protobuf's limit); its attention layers become ONNX Runtime's
+``GroupQueryAttention`` (``genai_attention.py``: what makes a decode step as fast as the builder's); then
+``genai_config.json`` (``genai_config.py``) and the checkpoint's tokenizer files join it. The model in the folder is
+checked against the PyTorch model as any export is, and the folder is renamed into place; one that misses its
+parity bar is kept whole as ``DIR.failed``, never as ``DIR``. The fused attnres nodes of the other targets need a
+custom-op library that onnxruntime-genai cannot load yet.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import ExportError
 from attnres_export.exporter.export import export_any
 from attnres_export.exporter.foreign import ForeignOptions
+from attnres_export.exporter.genai_attention import Rewrite, group_query_attention
 from attnres_export.exporter.genai_config import genai_config
 from attnres_export.exporter.genai_options import CONFIG_FILE, MODEL_FILE, genai_options
 from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults, json_file
 from attnres_export.exporter.options import ExportOptions, ExportResult
-from attnres_export.graphs.metadata import export_info
+from attnres_export.graphs.metadata import EXPORT_KEY, export_info
+from attnres_export.graphs.onnx_utils import set_metadata
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
@@ -45,23 +48,43 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     with temporary_dir_beside(folder) as scratch:
         staged = scratch / "folder"
         staged.mkdir()  # under the umask, as a folder made by hand (the scratch folder itself is private)
-        result = export_any(replace(opts, output=staged / MODEL_FILE), foreign, status)
-        if result.report is not None and not result.report.ok:
-            failed = folder.with_name(folder.name + ".failed")
-            _move_into_place(staged, failed, scratch)
-            return replace(result, path=failed / result.path.name, files=sorted(failed.iterdir()))
+        result = export_any(replace(opts, output=staged / MODEL_FILE, check=False), foreign, status)
         status(f"writing {CONFIG_FILE}")
-        model = onnx.load(str(staged / MODEL_FILE), load_external_data=False)
-        vocab = int(export_info(model)["vocab_size"])
-        defaults = generation_defaults(tokens_from, vocab, hf_config_file=opts.source.is_dir())
+        path = staged / MODEL_FILE
+        model = onnx.load(str(path), load_external_data=False)
+        defaults = generation_defaults(tokens_from, int(export_info(model)["vocab_size"]),
+                                       hf_config_file=opts.source.is_dir())
         hf_config = json_file(opts.source / "config.json") if opts.source.is_dir() else {}
-        _write_config(staged, genai_config(model, MODEL_FILE, defaults, hf_config))
+        config = genai_config(model, MODEL_FILE, defaults, hf_config)
+        rewrite = _attention_as_gqa(model, path, config)
+        del model
+        _write_config(staged, config)
         _copy_tokenizer(tokens_from, staged)
-        _move_into_place(staged, folder, scratch)
-    if result.report is not None:
-        result.report.extra.update({"onnx": str(folder / MODEL_FILE), "genai": str(folder),
-                                    "genai_tokens": _summary(defaults)})
-    return replace(result, path=folder, files=sorted(folder.iterdir()))
+        report = None
+        if opts.check:
+            from attnres_export.exporter.checkpoint import check_export
+            from attnres_export.models import load_checkpoint
+
+            report = check_export(load_checkpoint(opts.source, dtype=None)[0], path, opts, status)
+        target = folder if report is None or report.ok else folder.with_name(folder.name + ".failed")
+        _move_into_place(staged, target, scratch)
+    if report is not None:
+        report.extra.update({"onnx": str(target / MODEL_FILE), "genai": str(target), "genai_tokens": _summary(defaults),
+                             "group_query_attention": f"{rewrite.layers} of {rewrite.of} layers"})
+    return replace(result, path=target, files=sorted(target.iterdir()), report=report)
+
+
+def _attention_as_gqa(model: onnx.ModelProto, path: Path, config: dict) -> Rewrite:
+    """Rewrite the staged model's attention as GroupQueryAttention (``genai_attention.py``) and save it; the cache
+    buffer is shared between past and present only when every layer was rewritten."""
+    decoder = config["model"]["decoder"]
+    rewrite = group_query_attention(model, decoder["num_attention_heads"], decoder["num_key_value_heads"])
+    if rewrite.layers:
+        info = export_info(model) | {"attention": "GroupQueryAttention", "attention_layers": rewrite.layers}
+        set_metadata(model, EXPORT_KEY, json.dumps(info))
+        onnx.save_model(model, str(path))
+    config["search"]["past_present_share_buffer"] = rewrite.layers == rewrite.of
+    return rewrite
 
 
 def _write_config(folder: Path, config: dict) -> None:
@@ -79,7 +102,7 @@ def _copy_tokenizer(source: Path, folder: Path) -> None:
 
 
 def _move_into_place(staged: Path, folder: Path, scratch: Path) -> None:
-    """Rename ``staged`` to ``folder``; a folder already there (checked by ``_check_folder``, or an earlier
+    """Rename ``staged`` to ``folder``; a folder already there (allowed by ``genai_options.check_folder``, or an earlier
     ``.failed`` one) is moved into ``scratch`` first and removed with it."""
     if folder.is_dir() and not folder.is_symlink():
         os.replace(folder, scratch / "previous")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import onnxruntime_genai as og
 import pytest
 
@@ -64,7 +65,11 @@ def test_the_folder_holds_the_model_its_config_and_the_tokenizer_files(block_che
             decoder["head_size"], decoder["hidden_size"]) == (2, 4, 4, 8, 32)
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     assert decoder["outputs"]["present_value_names"] == "present.%d.value"
-    assert config["search"]["past_present_share_buffer"] is False
+    assert config["search"]["past_present_share_buffer"] is True
+    graph = onnx.load(str(block_folder / "model.onnx"), load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == 2 and {n.domain for n in attention} == {"com.microsoft"}
+    assert not any(i.startswith("past_key_values.") for n in graph.node if n.op_type == "Concat" for i in n.input)
     assert config["search"]["max_length"] == 64 and config["search"]["do_sample"] is False
     tokenizer = og.Tokenizer(og.Model(str(block_folder)))
     from tokenizers import Tokenizer
@@ -145,6 +150,24 @@ def test_decoder_bodies_run_under_onnxruntime_genai_as_under_attnres_generate(tm
 
 
 @pytest.mark.slow
+def test_a_layer_whose_attention_does_not_match_stays_standard_and_the_cache_is_not_shared(block_checkpoint,
+                                                                                        tmp_path):
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.genai_attention import group_query_attention
+    from attnres_export.exporter.options import ExportOptions
+
+    plain = export_checkpoint(ExportOptions(block_checkpoint, tmp_path / "m.onnx", target="portable",
+                                            with_past=True, check=False)).path
+    model = onnx.load(str(plain))
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax" and "masked" in n.input[0]][1]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(softmax.output[0], onnx.TensorProto.FLOAT, None))
+    rewrite = group_query_attention(model, heads=4, kv_heads=4)
+    assert (rewrite.layers, rewrite.of) == (1, 2)
+    concats = [n for n in model.graph.node if n.op_type == "Concat" and n.input[0].startswith("past_key_values.")]
+    assert sorted(n.output[0] for n in concats) == ["present.1.key", "present.1.value"]
+
+
+@pytest.mark.slow
 def test_a_folder_that_misses_its_parity_bar_is_kept_beside_as_failed_and_replaces_nothing(block_checkpoint,
                                                                                          block_folder, tmp_path):
     folder = tmp_path / "folder"
@@ -154,7 +177,7 @@ def test_a_folder_that_misses_its_parity_bar_is_kept_beside_as_failed_and_replac
                  "--tol", "float32:1e-30:1.0")
     assert out.exit_code == 1
     assert (folder / "model.onnx").read_bytes() == before
-    assert sorted(p.name for p in (tmp_path / "folder.failed").iterdir()) == ["model.failed.onnx"]
+    assert sorted(p.name for p in (tmp_path / "folder.failed").iterdir()) == ["genai_config.json", "model.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "folder.failed"]
     export_genai_folder(block_checkpoint, folder)  # an earlier onnxruntime-genai folder is replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "folder.failed"]

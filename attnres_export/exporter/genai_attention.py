@@ -1,0 +1,234 @@
+"""The attention of an onnxruntime-genai folder's model as ONNX Runtime's ``GroupQueryAttention`` contrib op
+(docs/genai.md#attention-as-groupqueryattention).
+
+The portable with-past graph concatenates each layer's past keys and values with the new ones and attends over the
+result with standard ops: every decode step copies the whole cache (``Concat``), which is most of what separates
+it from the folders onnxruntime-genai's model builder writes (benchmarks/genai_decode.py). ``GroupQueryAttention``
+(``com.microsoft``) attends and appends in one kernel and lets onnxruntime-genai share one cache buffer between past
+and present (``past_present_share_buffer``), so a step writes only the new tokens.
+
+The rewrite is exact only under onnxruntime-genai's inputs: right padding, ``attention_mask`` 1 on every real token
+(``GroupQueryAttention`` reads per-row lengths ``sum(mask) - 1`` and stores each row's keys contiguously; it reads
+no mask otherwise). Each layer's pattern, as every with-past export writes it (docs/decode.md):
+
+    present.i.key   = Concat(past_key_values.i.key, K)         K, V: [batch, kv_heads, seq, head]
+    present.i.value = Concat(past_key_values.i.value, V)       Q: [batch, heads, seq, head] (through Reshapes)
+    scores = MatMul(Q', Transpose(Unsqueeze*(present.i.key))) * scale     (* also Casts of a float16 model)
+    probs = Softmax(Where(not allowed, lowest, scores))
+    out = Reshape(Transpose(Reshape*(MatMul(probs, Unsqueeze*(present.i.value))), [0, 2, 1, 3]))
+                                                               out: [batch, seq, heads * head]
+
+becomes ``out, present.i.key, present.i.value = GroupQueryAttention(flat(Q), flat(K), flat(V), past key, past value,
+seqlens_k, total_sequence_length)`` with ``do_rotary = 0`` (the keys are cached after rotary already). A layer that
+does not match is left as it is; the caller checks the rewritten model's parity and says how many layers changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper as oh
+from onnx import numpy_helper
+
+from attnres_export.models.base import PAST_PREFIX, PRESENT_PREFIX
+
+MS_DOMAIN = "com.microsoft"
+SEQLENS, TOTAL = "genai/seqlens_k", "genai/total_sequence_length"
+_PASS_THROUGH = ("Unsqueeze", "Reshape", "Cast")
+"""Nodes between the cache and the attention that change no value: the grouped heads' Unsqueeze/Reshape, and a
+float16 model's Casts to float32 (its attention computes in float32; GroupQueryAttention takes the stored type).
+Only a Cast to float32 passes (``_passes``)."""
+
+
+@dataclass
+class Rewrite:
+    model: onnx.ModelProto
+    layers: int
+    """Attention layers now computed by GroupQueryAttention."""
+    of: int
+    """Attention layers in the model."""
+
+
+def group_query_attention(model: onnx.ModelProto, heads: int, kv_heads: int) -> Rewrite:
+    """Rewrite ``model`` in place: its matching attention layers become GroupQueryAttention nodes (module
+    docstring). In place, because a copy would hold the weights of a model stored inline twice."""
+    out = model
+    graph = out.graph
+    layers = sorted({name.split(".")[1] for name in (v.name for v in graph.input) if name.startswith(PAST_PREFIX)},
+                    key=int)
+    done = 0
+    for layer in layers:
+        done += _rewrite_layer(graph, layer, heads, kv_heads)
+    if done:
+        _add_lengths(graph)
+        _drop_dead_nodes(graph)
+        if not any(o.domain == MS_DOMAIN for o in out.opset_import):
+            out.opset_import.append(oh.make_opsetid(MS_DOMAIN, 1))
+    return Rewrite(out, done, len(layers))
+
+
+def _rewrite_layer(graph: onnx.GraphProto, layer: str, heads: int, kv_heads: int) -> bool:
+    nodes = _Nodes(graph)
+    key_concat = nodes.producer(f"{PRESENT_PREFIX}{layer}.key")
+    value_concat = nodes.producer(f"{PRESENT_PREFIX}{layer}.value")
+    if not (_is_cache_concat(key_concat, f"{PAST_PREFIX}{layer}.key")
+            and _is_cache_concat(value_concat, f"{PAST_PREFIX}{layer}.value")):
+        return False
+    transpose = nodes.follow(key_concat.output[0], "Transpose")
+    scores = nodes.only_consumer(transpose.output[0], "MatMul") if transpose is not None else None
+    if scores is None or scores.input[1] != transpose.output[0] or not _swaps_last_two(transpose):
+        return False
+    scale_node = nodes.only_consumer(scores.output[0], "Mul")
+    scale = _scalar(graph, nodes, scale_node, scores.output[0]) if scale_node is not None else None
+    where = nodes.only_consumer(scale_node.output[0], "Where") if scale is not None else None
+    if where is None or where.input[2] != scale_node.output[0]:
+        return False
+    softmax = nodes.only_consumer(where.output[0], "Softmax")
+    mixed = nodes.only_consumer(softmax.output[0], "MatMul") if softmax is not None else None
+    if mixed is None or mixed.input[0] != softmax.output[0] or _attr(softmax, "axis", -1) not in (-1, 3, 4):
+        return False
+    if nodes.source(mixed.input[1]) != value_concat.output[0]:
+        return False
+    heads_out = mixed.output[0]
+    while (step := nodes.only_consumer(heads_out, "Reshape") or nodes.only_consumer(heads_out, "Cast")) is not None:
+        heads_out = step.output[0]
+    back = nodes.only_consumer(heads_out, "Transpose")
+    flat = nodes.only_consumer(back.output[0], "Reshape") if back is not None else None
+    if flat is None or list(_attr(back, "perm", [])) != [0, 2, 1, 3]:
+        return False
+    query = nodes.source(scores.input[0])
+    name = f"genai/layer{layer}"
+    graph.node.extend([
+        *_flatten(query, f"{name}/query"), *_flatten(key_concat.input[1], f"{name}/key"),
+        *_flatten(value_concat.input[1], f"{name}/value"),
+        oh.make_node("GroupQueryAttention",
+                     [f"{name}/query", f"{name}/key", f"{name}/value", key_concat.input[0], value_concat.input[0],
+                      SEQLENS, TOTAL],
+                     [flat.output[0], key_concat.output[0], value_concat.output[0]], name=f"{name}/gqa",
+                     domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv_heads, scale=scale, do_rotary=0),
+    ])
+    for node in (key_concat, value_concat, flat):
+        graph.node.remove(node)
+    return True
+
+
+def _flatten(tensor: str, out: str) -> list[onnx.NodeProto]:
+    """``[batch, heads, seq, head]`` -> ``[batch, seq, heads * head]``."""
+    shape = f"{out}/shape"
+    return [oh.make_node("Transpose", [tensor], [f"{out}/bshd"], perm=[0, 2, 1, 3]),
+            oh.make_node("Constant", [], [shape], value=numpy_helper.from_array(np.array([0, 0, -1], np.int64))),
+            oh.make_node("Reshape", [f"{out}/bshd", shape], [out])]
+
+
+def _add_lengths(graph: onnx.GraphProto) -> None:
+    """``seqlens_k = sum(attention_mask) - 1`` and ``total_sequence_length = attention_mask.shape[1]``, int32."""
+    c = {name: f"genai/{name}" for name in ("axis", "one", "sum", "minus", "shape", "total64")}
+    graph.node.extend([
+        oh.make_node("Constant", [], [c["axis"]], value=numpy_helper.from_array(np.array([1], np.int64))),
+        oh.make_node("Constant", [], [c["one"]], value=numpy_helper.from_array(np.array(1, np.int64))),
+        oh.make_node("ReduceSum", ["attention_mask", c["axis"]], [c["sum"]], keepdims=0),
+        oh.make_node("Sub", [c["sum"], c["one"]], [c["minus"]]),
+        oh.make_node("Cast", [c["minus"]], [SEQLENS], to=onnx.TensorProto.INT32),
+        oh.make_node("Shape", ["attention_mask"], [c["shape"]], start=1, end=2),
+        oh.make_node("Squeeze", [c["shape"]], [c["total64"]]),
+        oh.make_node("Cast", [c["total64"]], [TOTAL], to=onnx.TensorProto.INT32),
+    ])
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes nothing reads any more (the replaced attention, the causal mask), then order the rest."""
+    needed = {o.name for o in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(_topological(graph)):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    used = {i for n in graph.node for i in n.input}
+    keep = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    ready = {v.name for v in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        progress = [n for n in pending if all(i in ready for i in n.input)]
+        if not progress:
+            raise ValueError("the graph has a cycle or reads a value nothing produces")
+        for node in progress:
+            ordered.append(node)
+            ready.update(node.output)
+        pending = [n for n in pending if all(n is not p for p in progress)]
+    return ordered
+
+
+class _Nodes:
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.by_output = {o: n for n in graph.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        for value in graph.output:  # a graph output is a reader too: what it reads must stay
+            self.consumers.setdefault(value.name, []).append(oh.make_node("GraphOutput", [value.name], []))
+
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        return self.by_output.get(name)
+
+    def only_consumer(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        readers = self.consumers.get(name, [])
+        return readers[0] if len(readers) == 1 and readers[0].op_type == op_type else None
+
+    def follow(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        """The ``op_type`` node reached from ``name`` through single-reader Unsqueezes/Reshapes."""
+        while True:
+            readers = [r for r in self.consumers.get(name, []) if r.op_type == op_type or _passes(r)]
+            if len(readers) != 1:
+                return None
+            if readers[0].op_type == op_type:
+                return readers[0]
+            name = readers[0].output[0]
+
+    def source(self, name: str) -> str:
+        """``name`` before the Unsqueezes/Reshapes that produced it."""
+        while (node := self.by_output.get(name)) is not None and _passes(node):
+            name = node.input[0]
+        return name
+
+
+def _passes(node: onnx.NodeProto) -> bool:
+    return node.op_type in _PASS_THROUGH and (node.op_type != "Cast" or _attr(node, "to", 0) == onnx.TensorProto.FLOAT)
+
+
+def _is_cache_concat(node: onnx.NodeProto | None, past: str) -> bool:
+    return (node is not None and node.op_type == "Concat" and len(node.input) == 2 and node.input[0] == past
+            and _attr(node, "axis", None) in (2, -2))
+
+
+def _swaps_last_two(node: onnx.NodeProto) -> bool:
+    perm = list(_attr(node, "perm", []))
+    return len(perm) >= 2 and perm[-2:] == [len(perm) - 1, len(perm) - 2] and perm[:-2] == list(range(len(perm) - 2))
+
+
+def _scalar(graph: onnx.GraphProto, nodes: _Nodes, mul: onnx.NodeProto, scores: str) -> float | None:
+    other = mul.input[1] if mul.input[0] == scores else mul.input[0]
+    tensor = next((i for i in graph.initializer if i.name == other), None)
+    producer = nodes.producer(other)
+    if tensor is None and producer is not None and producer.op_type == "Constant":
+        tensor = producer.attribute[0].t
+    if tensor is None:
+        return None
+    value = numpy_helper.to_array(tensor)
+    return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return oh.get_attribute_value(attribute)
+    return default
