@@ -50,7 +50,8 @@ FOLDED = {
     "Cast": lambda node, x: x.to(to_torch_dtype(ir.DataType(node.attributes.get_int("to")))),
     "Identity": lambda node, x: x,
 }
-"""Weight-only ops whose results are written as initializers (one input each, exact in any dtype)."""
+"""Weight-only ops whose results are written as initializers: one input each, a layout change or a cast, which torch
+computes as ONNX defines it (a cast rounds to nearest even)."""
 
 
 @dataclass
