@@ -23,7 +23,7 @@ from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.piece_trace import TracedKind, piece_tensors, trace_kinds
 from attnres_export.models.base import ExportPlan, PlanAdd, PlanAggregate, PlannedModel, PlanPiece, PlanValue
-from attnres_export.ops.descriptors import PLUGIN_ATTRIBUTES
+from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import AGGREGATE, AGGREGATE_NORM, DOMAIN, OPSET_VERSION
 
 
@@ -50,7 +50,8 @@ FOLDED = {
     "Cast": lambda node, x: x.to(to_torch_dtype(ir.DataType(node.attributes.get_int("to")))),
     "Identity": lambda node, x: x,
 }
-"""Weight-only ops whose results are written as initializers (one input each, exact in any dtype)."""
+"""Weight-only ops whose results are written as initializers: one input each, a layout change or a cast, which torch
+computes as ONNX defines it (a cast rounds to nearest even)."""
 
 
 @dataclass
@@ -105,6 +106,7 @@ class _Assembly:
         self.initializers: dict[str, ir.Value] = {}
         self.weights: dict[int, ir.Value] = {}
         self.constants: dict[ir.Value, ir.Value] = {}
+        self.op_calls: dict[str, int] = {}
 
     def graph_input(self, spec: PlanValue) -> ir.Value:
         held = torch_dtype(self.dtype) if spec.dtype == "model" else getattr(torch, spec.dtype)
@@ -214,9 +216,18 @@ class _Assembly:
             attributes.append(ir.AttrFloat32("norm_eps", step.norm_eps))
         attributes += [ir.AttrString(key, value) for key, value in PLUGIN_ATTRIBUTES.items()]
         op = AGGREGATE if step.norm_weight is None else AGGREGATE_NORM
-        node = ir.Node(DOMAIN, op, [*weights, *sources], attributes=attributes, name=f"{step.name}/{op}")
+        node = ir.Node(DOMAIN, op, [*weights, *sources], attributes=attributes, name=self._traced_name(op))
         self.publish(node.outputs[0], step.output, like=sources[0])
         self.nodes.append(node)
+
+    def _traced_name(self, op: str) -> str:
+        """The name torch.onnx gives the n-th call of the op's torch custom op (``node_aggregate``,
+        ``node_aggregate_1``, ...): the plan lists aggregations in the order the forward calls them, so both exports
+        name each attnres node, and so each TensorRT plugin layer, alike."""
+        base = OPS[op].torch_op.split("::")[1]
+        calls = self.op_calls.get(base, 0)
+        self.op_calls[base] = calls + 1
+        return f"node_{base}" + (f"_{calls}" if calls else "")
 
     def add(self, step: PlanAdd) -> None:
         a, b = (self.read(name, f"the add producing {step.output}") for name in (step.a, step.b))

@@ -77,6 +77,12 @@ def _export(checkpoint: Path, out: Path, case: Case, trace_whole: bool) -> tuple
     return export_checkpoint(opts, status=phases.append), phases
 
 
+def _attnres_nodes(path: Path) -> list[tuple[str, str, int]]:
+    """(name, op type, input count) of every attnres node: TensorRT names its plugin layers after them."""
+    return [(n.name, n.op_type, len(n.input)) for n in onnx.load(str(path), load_external_data=False).graph.node
+            if n.domain in ("attnres", "trt.plugins")]
+
+
 def _feeds(checkpoint: Path, case: Case):
     model, _ = load_checkpoint(checkpoint)
     if case.with_past:
@@ -92,6 +98,7 @@ def _assert_same_model(checkpoints, tmp_path, case: Case) -> None:
     assert any(p.startswith("tracing the whole") for p in whole_phases), whole_phases
     assert assembled.report.ok and whole.report.ok, (assembled.report.to_dict(), whole.report.to_dict())
     assert assembled.fused_by_type == whole.fused_by_type
+    assert _attnres_nodes(assembled.path) == _attnres_nodes(whole.path)
     ours, theirs = (summarize(onnx.load(str(r.path), load_external_data=False)) for r in (assembled, whole))
     for field in ("opsets", "inputs", "outputs", "target", "fused_by_arity", "export_info"):
         assert getattr(ours, field) == getattr(theirs, field), field
