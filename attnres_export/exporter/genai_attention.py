@@ -1,5 +1,5 @@
 """The attention of an onnxruntime-genai folder's model as ONNX Runtime's ``GroupQueryAttention`` contrib op
-(docs/genai.md#attention-as-groupqueryattention).
+(docs/genai.md#attention-as-groupqueryattention-norms-as-simplifiedlayernormalization).
 
 The portable with-past graph concatenates each layer's past keys and values with the new ones and attends over the
 result with standard ops: every decode step copies the whole cache (``Concat``), which is most of what separates

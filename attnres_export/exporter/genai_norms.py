@@ -1,5 +1,5 @@
 """RMSNorms of an onnxruntime-genai folder's model as ONNX Runtime's ``SimplifiedLayerNormalization`` (what its
-model builder writes; docs/genai.md#attention-as-groupqueryattention).
+model builder writes; docs/genai.md#attention-as-groupqueryattention-norms-as-simplifiedlayernormalization).
 
 A float32 RMSNorm exports as seven nodes, ``Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2), [-1]), eps)))),
 weight)``; ONNX Runtime's own fusion does not recognise that spelling (it looks for a ``Div``), and a decode step
