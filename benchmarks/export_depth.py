@@ -1,6 +1,7 @@
 """Export time against depth, in one run: ``attnres-export`` assembling the graph from the model's plan (each kind of
 layer traced once, the default), the same export tracing the whole model (``--trace-whole``), and
-``torch.onnx.export(..., dynamo=True)`` of transformers' ``LlamaForCausalLM`` of the same size, side by side.
+``torch.onnx.export(..., dynamo=True)`` of transformers' ``LlamaForCausalLM`` of the same size, side by side (timed
+as a user runs it: ``from_pretrained`` of a saved folder, the export, ``save``; ours from the checkpoint file too).
 
 Models: d_model 512, 8 heads, d_ff 1408, vocab 8192, max_seq_len 512; 12 layers with Block AttnRes (S = 4) and 48
 layers with Full AttnRes (the configurations of docs/benchmarks.md's earlier export figures), dynamic batch 1..8 and
@@ -61,22 +62,18 @@ def attnres(checkpoint, out, trace_whole, check):
               for (wall, cpu, text), nxt in zip(marks, [m[:2] for m in marks[1:]] + [end])]
     return end[0] - start[0], end[1] - start[1], phases
 
-def llama(layers, out):
+def llama(folder, out):
+    # What a user of transformers runs: load the checkpoint folder, export, save.
     import contextlib, io, logging, warnings
-    from transformers import LlamaConfig, LlamaForCausalLM
-    sizes = args["sizes"]
-    cfg = LlamaConfig(vocab_size=sizes["vocab_size"], hidden_size=sizes["d_model"],
-                      intermediate_size=sizes["d_ff"], num_hidden_layers=layers,
-                      num_attention_heads=sizes["n_heads"], num_key_value_heads=sizes["n_heads"],
-                      max_position_embeddings=sizes["max_seq_len"], use_cache=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
+    from transformers import LlamaForCausalLM
     ids = torch.zeros(2, 64, dtype=torch.int64)
-    dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=sizes["max_seq_len"])}
+    dims = {0: torch.export.Dim("batch", min=1, max=8),
+            1: torch.export.Dim("seq", min=1, max=args["sizes"]["max_seq_len"])}
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     start = (time.perf_counter(), time.process_time())
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
+        model = LlamaForCausalLM.from_pretrained(folder).eval()
         program = torch.onnx.export(model, (ids,), dynamo=True, dynamic_shapes=(dims,), input_names=["input_ids"],
                                     output_names=["logits"])
         program.save(out)
@@ -84,7 +81,7 @@ def llama(layers, out):
 
 def run(spec, out):
     if spec["kind"] == "llama":
-        return llama(spec["layers"], out)
+        return llama(spec["checkpoint"], out)
     return attnres(spec["checkpoint"], out, spec["trace_whole"], spec["check"])
 
 cold = run(args["warmup"], args["out"] + ".warmup.onnx")
@@ -105,11 +102,22 @@ def child(measured: dict, warmup: dict, out: Path, threads: int) -> dict:
 
 
 def write_checkpoints(folder: Path) -> dict[str, Path]:
+    """Random attnres checkpoints (12, 48 and, for the warm-up, 1 layer) and LlamaForCausalLM folders (12, 1)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     paths = {}
     for layers, block in [*DEPTHS.items(), (1, 0)]:
         cfg = AttnResLMConfig(**SIZES, n_layers=layers, block_size=block)
         paths[f"attnres-{layers}"] = folder / f"attnres-{layers}.pt"
         save_checkpoint(make_example(cfg, seed=layers), cfg, paths[f"attnres-{layers}"])
+    for layers in (12, 1):
+        cfg = LlamaConfig(vocab_size=SIZES["vocab_size"], hidden_size=SIZES["d_model"], intermediate_size=SIZES["d_ff"],
+                          num_hidden_layers=layers, num_attention_heads=SIZES["n_heads"],
+                          num_key_value_heads=SIZES["n_heads"], max_position_embeddings=SIZES["max_seq_len"],
+                          use_cache=False)
+        torch.manual_seed(layers)
+        paths[f"llama-{layers}"] = folder / f"llama-{layers}"
+        LlamaForCausalLM(cfg).save_pretrained(paths[f"llama-{layers}"])
     return paths
 
 
@@ -133,7 +141,9 @@ def main() -> None:
         runs = {
             "assembled 12": attnres(12, False), "whole 12": attnres(12, True),
             "assembled 48": attnres(48, False), "whole 48": attnres(48, True),
-            "llama 12": ({"kind": "llama", "layers": 12}, {"kind": "llama", "layers": 1}),
+            "llama 12": ({"kind": "llama", "checkpoint": str(ckpt["llama-12"])},
+                         {"kind": "llama", "checkpoint": str(ckpt["llama-1"])}),
+            "assembled 12 + check": attnres(12, False, check=True), "whole 12 + check": attnres(12, True, check=True),
         }
         if args.skip_whole_48:
             del runs["whole 48"]
@@ -141,18 +151,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name, (measured, warmup) in runs.items():
                 with console.status(f"round {round_ + 1}/{args.rounds}: {name}"):
-                    results[name].append(child(measured, warmup, folder / f"{name.replace(' ', '-')}.onnx",
-                                               args.threads))
-        with console.status("phases with the parity check: assembled 12, whole 12"):
-            phased = {name: child(*attnres(12, name == "whole 12", check=True), folder / "phased.onnx", args.threads)
-                      for name in ("assembled 12", "whole 12")}
-        sizes = {name: sum(p.stat().st_size for p in folder.glob(f"{name.replace(' ', '-')}.onnx*")
-                           if ".warmup." not in p.name) for name in runs}
-    report(console, results, phased, sizes, args)
+                    results[name].append(child(measured, warmup, folder / f"{_file(name)}.onnx", args.threads))
+        sizes = {name: sum(p.stat().st_size for p in folder.glob(f"{_file(name)}.onnx*") if ".warmup." not in p.name)
+                 for name in runs}
+    report(console, results, sizes, args)
 
 
-def report(console: Console, results: dict[str, list[dict]], phased: dict[str, dict], sizes: dict[str, int],
-           args) -> None:
+def _file(run: str) -> str:
+    return run.replace(" + ", "-").replace(" ", "-")
+
+
+def report(console: Console, results: dict[str, list[dict]], sizes: dict[str, int], args) -> None:
     med = {name: (statistics.median(r["wall"] for r in rs), statistics.median(r["cpu"] for r in rs),
                   statistics.median(r["cold_warmup"] for r in rs)) for name, rs in results.items()}
     table = Table(title=f"export time, d512 ({platform.processor() or platform.machine()}, {args.threads} threads, "
@@ -161,9 +170,12 @@ def report(console: Console, results: dict[str, list[dict]], phased: dict[str, d
         table.add_column(column, justify="left" if column in ("export", "model") else "right")
     models = {"12": "12 layers, Block S=4", "48": "48 layers, Full"}
     for name, (wall, cpu, cold) in med.items():
-        what = {"assembled": "attnres-export (assembled)", "whole": "attnres-export --trace-whole",
+        if "check" in name:
+            continue
+        what = {"assembled": "attnres-export --no-check (assembled)",
+                "whole": "attnres-export --no-check --trace-whole",
                 "llama": "torch.onnx.export(dynamo=True), LlamaForCausalLM"}[name.split()[0]]
-        model = models[name.split()[1]] if name.split()[0] != "llama" else "12 layers"
+        model = models[name.split()[1]] if name.split()[0] != "llama" else "12 layers, same sizes"
         table.add_row(what, model, f"{wall:.1f}", f"{cpu:.1f}", f"{cold:.1f}", f"{sizes[name] / 1e6:.1f}")
     console.print(table)
     ratios = Table(title="goals")
@@ -180,25 +192,46 @@ def report(console: Console, results: dict[str, list[dict]], phased: dict[str, d
     if "whole 48" in med:
         ratios.add_row("whole 48 / whole 12", f"{med['whole 48'][0] / med['whole 12'][0]:.2f}x",
                        f"{med['whole 48'][1] / med['whole 12'][1]:.2f}x", "", "")
+    phased = {name: _phase_medians(rs) for name, rs in results.items() if name.split()[0] != "llama"}
+    depth_free = {name: sum(by[label][0] for label in ("trace", "assemble", "stamp and convert") if label in by)
+                  for name, by in phased.items()}
+    ratios.add_row("assembled 48 / 12, without the weights' I/O (load, write, publish)",
+                   f"{depth_free['assembled 48'] / depth_free['assembled 12']:.2f}x", "", "", "")
     console.print(ratios)
-    phases = Table(title="phases of one 12-layer export with its parity check (wall s / CPU s)")
+    phases = Table(title="phases (median wall s / CPU s); the check runs export again with the parity check")
     phases.add_column("phase")
     for name in phased:
         phases.add_column(name, justify="right")
-    rows: dict[str, dict[str, tuple[float, float]]] = {}
-    for name, result in phased.items():
-        for text, wall, cpu in result["phases"]:
-            label = _phase(text)
-            before = rows.setdefault(label, {}).get(name, (0.0, 0.0))
-            rows[label][name] = (before[0] + wall, before[1] + cpu)
-    for label, by_run in rows.items():
-        phases.add_row(label, *(f"{by_run[n][0]:.2f} / {by_run[n][1]:.2f}" if n in by_run else "" for n in phased))
-    phases.add_row("total", *(f"{r['wall']:.2f} / {r['cpu']:.2f}" for r in phased.values()))
+    labels = list(dict.fromkeys(label for by in phased.values() for label in by))
+    for label in labels:
+        phases.add_row(label, *(f"{by[label][0]:.2f} / {by[label][1]:.2f}" if label in by else "" for by in
+                                phased.values()))
+    phases.add_row("total", *(f"{med[name][0]:.2f} / {med[name][1]:.2f}" for name in phased))
     console.print(phases)
-    write = rows.get("write weights", {}).get("assembled 12")
-    if write:
-        console.print(f"floor: writing the weights ({sizes['assembled 12'] / 1e6:.0f} MB) took {write[0]:.2f} s wall "
-                      f"({sizes['assembled 12'] / 1e6 / write[0]:.0f} MB/s) of the assembled export")
+    for name in ("assembled 12", "assembled 48"):
+        by = phased[name]
+        io = sum(by[label][0] for label in ("load", "write weights", "publish") if label in by)
+        console.print(f"floor, {name}: reading ({_mb(sizes, name)} MB checkpoint), writing and publishing the weights: "
+                      f"{io:.2f} s wall of {med[name][0]:.2f} s; writing alone {by['write weights'][0]:.2f} s "
+                      f"({_mb(sizes, name) / by['write weights'][0]:.0f} MB/s)")
+
+
+def _mb(sizes: dict[str, int], name: str) -> int:
+    return round(sizes[name] / 1e6)
+
+
+def _phase_medians(runs: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per phase, the median over runs of its summed (wall, CPU) seconds."""
+    per_run = []
+    for run in runs:
+        sums: dict[str, tuple[float, float]] = {}
+        for text, wall, cpu in run["phases"]:
+            before = sums.get(_phase(text), (0.0, 0.0))
+            sums[_phase(text)] = (before[0] + wall, before[1] + cpu)
+        per_run.append(sums)
+    labels = list(dict.fromkeys(label for sums in per_run for label in sums))
+    return {label: (statistics.median(s.get(label, (0.0, 0.0))[0] for s in per_run),
+                    statistics.median(s.get(label, (0.0, 0.0))[1] for s in per_run)) for label in labels}
 
 
 def _phase(status: str) -> str:

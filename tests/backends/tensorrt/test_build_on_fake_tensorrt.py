@@ -18,7 +18,10 @@ from attnres_export.dims import DimRange
 from attnres_export.errors import EngineError
 from tests.backends.tensorrt.graphs import aggregate_model, past_model
 
-AGGREGATIONS = ["node_aggregate", "node_aggregate_1", "node_aggregate_2", "node_aggregate_3", "node_aggregate_4"]
+
+def attnres_node_names(path) -> list[str]:
+    """The names of an ONNX file's attnres nodes, in graph order (what the manifest must list as plugins)."""
+    return [node.name for node in onnx.load(str(path), load_external_data=False).graph.node if node.domain == "attnres"]
 
 
 def payload(trt, engine) -> dict:
@@ -34,7 +37,8 @@ def test_build_writes_a_strongly_typed_engine_and_a_manifest_with_every_aggregat
     assert engine["profiles"] == [{"input_ids": [[1, 1], [2, 16], [4, 64]]}]
     manifest = read_manifest(out)
     assert manifest == result.manifest and manifest.dtype == "float16"
-    assert manifest.plugin_nodes == AGGREGATIONS and manifest.inlined_nodes == [] and manifest.unknown_nodes == []
+    assert manifest.plugin_nodes == attnres_node_names(exported_onnx) and len(manifest.plugin_nodes) == 5
+    assert manifest.inlined_nodes == [] and manifest.unknown_nodes == []
     assert not manifest.plugin_embedded and not manifest.version_compatible
     assert manifest.plugin_sha256 == sha256_file(libraries.trt) and result.notes == []
 
@@ -58,7 +62,7 @@ def test_embed_plugin_serializes_the_dyn_library_into_a_version_compatible_engin
     assert "VERSION_COMPATIBLE" in engine["flags"]
     assert [lib["path"] for lib in engine["embedded"]] == [str(libraries.trt_dyn)]
     assert result.manifest.plugin_embedded and result.manifest.version_compatible and result.notes == []
-    assert result.manifest.plugin_nodes == AGGREGATIONS
+    assert result.manifest.plugin_nodes == attnres_node_names(exported_onnx)
 
 
 def test_an_embedding_a_fresh_process_cannot_load_is_recorded_as_not_embedded_in_one_line(
@@ -113,15 +117,14 @@ def test_a_stale_timing_cache_warns_in_one_line_and_is_replaced_after_the_engine
     assert (fresh["tensorrt"], fresh["device"]) == (fake_trt.__version__, fake_trt._DEVICE)
 
 
-@pytest.mark.parametrize(("style", "plugin", "unknown"), [
-    ("PluginType", AGGREGATIONS, []),
-    ("Myelin", [], AGGREGATIONS),
-])
+@pytest.mark.parametrize(("style", "as_plugin"), [("PluginType", True), ("Myelin", False)])
 def test_inspector_plugin_type_keys_count_as_plugin_and_myelin_foreign_nodes_as_unknown(
-        fake_trt, libraries, exported_onnx, tmp_path, monkeypatch, style, plugin, unknown):
+        fake_trt, libraries, exported_onnx, tmp_path, monkeypatch, style, as_plugin):
     monkeypatch.setattr(fake_trt, "_inspector_style", style)
     manifest = build_engine(BuildOptions(exported_onnx, tmp_path / "m.engine", plugin=libraries.trt)).manifest
-    assert (manifest.plugin_nodes, manifest.inlined_nodes, manifest.unknown_nodes) == (plugin, [], unknown)
+    names = attnres_node_names(exported_onnx)
+    expected = (names, [], []) if as_plugin else ([], [], names)
+    assert (manifest.plugin_nodes, manifest.inlined_nodes, manifest.unknown_nodes) == expected
 
 
 def test_a_plugin_missing_from_the_registry_fails_parsing_with_the_parsers_first_error(
@@ -137,7 +140,7 @@ def test_cli_build_with_embed_plugin_reports_the_plugin_embedded(fake_trt, libra
     result = CliRunner().invoke(app, ["build", str(exported_onnx), "-o", str(out), "--plugin",
                                       str(libraries.trt_dyn), "--embed-plugin"])
     assert result.exit_code == 0, result.output
-    assert "plugin embedded" in result.output and "as plugin: node_aggregate," in result.output
+    assert "plugin embedded" in result.output and f"as plugin: {attnres_node_names(exported_onnx)[0]}," in result.output
 
 
 def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fake_trt, libraries, block2_checkpoint,
@@ -149,7 +152,7 @@ def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fak
     export_checkpoint(ExportOptions(block2_checkpoint, onnx_path, dtype="float16", batch=DimRange(1, 2, 4),
                                     seq=DimRange(1, 16, 64), check=False, fuse_norm=True))
     manifest = build_engine(BuildOptions(onnx_path, tmp_path / "n.engine", plugin=libraries.trt)).manifest
-    assert manifest.plugin_nodes == [name.replace("aggregate", "aggregate_norm") for name in AGGREGATIONS]
+    assert manifest.plugin_nodes == attnres_node_names(onnx_path) and len(manifest.plugin_nodes) == 5
     assert manifest.inlined_nodes == [] and manifest.unknown_nodes == []
 
 
