@@ -144,20 +144,33 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     for node in reversed(_topological(graph)):
         if any(name in needed for name in node.output):
             kept.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(i for i in reads(node) if i)
     del graph.node[:]
     graph.node.extend(reversed(kept))
-    used = {i for n in graph.node for i in n.input}
+    used = {i for n in graph.node for i in reads(n)}
     keep = [init for init in graph.initializer if init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
 
 
+def reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads: its inputs, and what the graphs of its attributes (an If's branches, a Loop's
+    body) read from the enclosing graph."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+            inner = {o for n in sub.node for o in n.output} | {v.name for v in sub.input} | {
+                i.name for i in sub.initializer}
+            names += [name for n in sub.node for name in reads(n) if name not in inner]
+    return names
+
+
 def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     ready = {v.name for v in graph.input} | {i.name for i in graph.initializer} | {""}
+    produced = {o for n in graph.node for o in n.output}
     pending, ordered = list(graph.node), []
     while pending:
-        progress = [n for n in pending if all(i in ready for i in n.input)]
+        progress = [n for n in pending if all(i in ready or i not in produced for i in reads(n))]
         if not progress:
             raise ValueError("the graph has a cycle or reads a value nothing produces")
         for node in progress:
@@ -172,7 +185,7 @@ class Nodes:
         self.by_output = {o: n for n in graph.node for o in n.output}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
-            for name in node.input:
+            for name in dict.fromkeys(reads(node)):
                 self.consumers.setdefault(name, []).append(node)
         for value in graph.output:  # a graph output is a reader too: what it reads must stay
             self.consumers.setdefault(value.name, []).append(oh.make_node("GraphOutput", [value.name], []))

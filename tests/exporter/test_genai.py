@@ -141,16 +141,30 @@ def test_a_qwen3_body_with_attention_residuals_and_grouped_heads_runs_as_under_a
 @pytest.mark.slow
 @pytest.mark.parametrize(("family", "block_size", "dtype"), [
     ("llama", None, "float32"), ("qwen2", None, "float32"), ("qwen2", 1, "float32"), ("llama", 1, "float16"),
+    ("qwen3-moe", 1, "float32"),
 ])
 def test_decoder_bodies_run_under_onnxruntime_genai_as_under_attnres_generate(tmp_path, family, block_size, dtype):
     checkpoint = write_family_folder(tmp_path / family, family, seed=4, block_size=block_size)
     folder = export_genai_folder(checkpoint, tmp_path / "folder", "--dtype", dtype)
-    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == family
+    expected_type = "decoder" if family == "qwen3-moe" else family  # the expert routing exports as an If
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == expected_type
     if dtype == "float32":
         _same_tokens_everywhere(checkpoint, folder)
     else:
         genai = genai_generate(folder, [list(p) for p in PROMPTS])
         assert genai == [_cli_tokens(checkpoint, p, "--onnx", folder / "model.onnx") for p in PROMPTS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "entry"), [("deepseek-v3", "past_key_values.0.latent ['batch', 'past', 32]"),
+                                               ("kimi-linear", "past_key_values.0.recurrent")])
+def test_a_cache_onnxruntime_genai_does_not_allocate_is_refused_in_one_line_and_nothing_is_written(tmp_path, family,
+                                                                                                 entry):
+    checkpoint = tmp_path / family
+    assert invoke("example", checkpoint, "--arch", family).exit_code == 0
+    out = invoke("export", checkpoint, "--with-past", "--target", "portable", "--genai", tmp_path / "folder")
+    assert_one_line_error(out, f"--genai: the cache entry {entry}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [family]
 
 
 @pytest.mark.slow
