@@ -2,7 +2,8 @@
 
 The with-past export of the ``portable`` target is written into a private folder beside ``DIR`` as ``model.onnx``
 (with ``model.onnx.data`` when over protobuf's limit); its attention layers become ONNX Runtime's
-``GroupQueryAttention`` (``genai_attention.py``: what makes a decode step as fast as the builder's); then
+``GroupQueryAttention`` (``genai_attention.py``: what makes a decode step as fast as the builder's) and its float32
+RMSNorms ``SimplifiedLayerNormalization`` (``genai_norms.py``); then
 ``genai_config.json`` (``genai_config.py``) and the checkpoint's tokenizer files join it. The model in the folder is
 checked against the PyTorch model as any export is, and the folder is renamed into place; one that misses its
 parity bar is kept whole as ``DIR.failed``, never as ``DIR``. The fused attnres nodes of the other targets need a
@@ -15,7 +16,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -24,8 +25,9 @@ from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import ExportError
 from attnres_export.exporter.export import export_any
 from attnres_export.exporter.foreign import ForeignOptions
-from attnres_export.exporter.genai_attention import Rewrite, group_query_attention
+from attnres_export.exporter.genai_attention import group_query_attention
 from attnres_export.exporter.genai_config import genai_config
+from attnres_export.exporter.genai_norms import simplified_layer_norms
 from attnres_export.exporter.genai_options import CONFIG_FILE, MODEL_FILE, genai_options
 from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults, json_file
 from attnres_export.exporter.options import ExportOptions, ExportResult
@@ -56,7 +58,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
                                        hf_config_file=opts.source.is_dir())
         hf_config = json_file(opts.source / "config.json") if opts.source.is_dir() else {}
         config = genai_config(model, MODEL_FILE, defaults, hf_config)
-        rewrite = _attention_as_gqa(model, path, config)
+        rewrite = _onnx_runtime_ops(model, path, config)
         del model
         _write_config(staged, config)
         _copy_tokenizer(tokens_from, staged)
@@ -70,21 +72,34 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
         _move_into_place(staged, target, scratch)
     if report is not None:
         report.extra.update({"onnx": str(target / MODEL_FILE), "genai": str(target), "genai_tokens": _summary(defaults),
-                             "group_query_attention": f"{rewrite.layers} of {rewrite.of} layers"})
+                             "group_query_attention": f"{rewrite.layers} of {rewrite.of} layers",
+                             "simplified_layer_norms": rewrite.norms})
     return replace(result, path=target, files=sorted(target.iterdir()), report=report)
 
 
-def _attention_as_gqa(model: onnx.ModelProto, path: Path, config: dict) -> Rewrite:
-    """Rewrite the staged model's attention as GroupQueryAttention (``genai_attention.py``) and save it; the cache
-    buffer is shared between past and present only when every layer was rewritten."""
+@dataclass
+class OnnxRuntimeOps:
+    layers: int
+    """Attention layers computed by GroupQueryAttention."""
+    of: int
+    norms: int
+    """RMSNorms computed by SimplifiedLayerNormalization."""
+
+
+def _onnx_runtime_ops(model: onnx.ModelProto, path: Path, config: dict) -> OnnxRuntimeOps:
+    """Rewrite the staged model's attention as GroupQueryAttention (``genai_attention.py``) and its float32 RMSNorms
+    as SimplifiedLayerNormalization (``genai_norms.py``), and save it; the cache buffer is shared between past and
+    present only when every layer's attention was rewritten."""
     decoder = config["model"]["decoder"]
-    rewrite = group_query_attention(model, decoder["num_attention_heads"], decoder["num_key_value_heads"])
-    if rewrite.layers:
-        info = export_info(model) | {"attention": "GroupQueryAttention", "attention_layers": rewrite.layers}
+    attention = group_query_attention(model, decoder["num_attention_heads"], decoder["num_key_value_heads"])
+    norms = simplified_layer_norms(model)
+    if attention.layers or norms:
+        info = export_info(model) | {"onnx_runtime_ops": {"GroupQueryAttention": attention.layers,
+                                                          "SimplifiedLayerNormalization": norms}}
         set_metadata(model, EXPORT_KEY, json.dumps(info))
         onnx.save_model(model, str(path))
-    config["search"]["past_present_share_buffer"] = rewrite.layers == rewrite.of
-    return rewrite
+    config["search"]["past_present_share_buffer"] = attention.layers == attention.of
+    return OnnxRuntimeOps(attention.layers, attention.of, norms)
 
 
 def _write_config(folder: Path, config: dict) -> None:

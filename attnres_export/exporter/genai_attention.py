@@ -1,5 +1,5 @@
 """The attention of an onnxruntime-genai folder's model as ONNX Runtime's ``GroupQueryAttention`` contrib op
-(docs/genai.md#attention-as-groupqueryattention).
+(docs/genai.md#attention-as-groupqueryattention-norms-as-simplifiedlayernormalization).
 
 The portable with-past graph concatenates each layer's past keys and values with the new ones and attends over the
 result with standard ops: every decode step copies the whole cache (``Concat``), which is most of what separates
@@ -63,14 +63,14 @@ def group_query_attention(model: onnx.ModelProto, heads: int, kv_heads: int) -> 
         done += _rewrite_layer(graph, layer, heads, kv_heads)
     if done:
         _add_lengths(graph)
-        _drop_dead_nodes(graph)
+        drop_dead_nodes(graph)
         if not any(o.domain == MS_DOMAIN for o in out.opset_import):
             out.opset_import.append(oh.make_opsetid(MS_DOMAIN, 1))
     return Rewrite(out, done, len(layers))
 
 
 def _rewrite_layer(graph: onnx.GraphProto, layer: str, heads: int, kv_heads: int) -> bool:
-    nodes = _Nodes(graph)
+    nodes = Nodes(graph)
     key_concat = nodes.producer(f"{PRESENT_PREFIX}{layer}.key")
     value_concat = nodes.producer(f"{PRESENT_PREFIX}{layer}.value")
     if not (_is_cache_concat(key_concat, f"{PAST_PREFIX}{layer}.key")
@@ -81,13 +81,13 @@ def _rewrite_layer(graph: onnx.GraphProto, layer: str, heads: int, kv_heads: int
     if scores is None or scores.input[1] != transpose.output[0] or not _swaps_last_two(transpose):
         return False
     scale_node = nodes.only_consumer(scores.output[0], "Mul")
-    scale = _scalar(graph, nodes, scale_node, scores.output[0]) if scale_node is not None else None
+    scale = scalar_operand(graph, nodes, scale_node, scores.output[0]) if scale_node is not None else None
     where = nodes.only_consumer(scale_node.output[0], "Where") if scale is not None else None
     if where is None or where.input[2] != scale_node.output[0]:
         return False
     softmax = nodes.only_consumer(where.output[0], "Softmax")
     mixed = nodes.only_consumer(softmax.output[0], "MatMul") if softmax is not None else None
-    if mixed is None or mixed.input[0] != softmax.output[0] or _attr(softmax, "axis", -1) not in (-1, 3, 4):
+    if mixed is None or mixed.input[0] != softmax.output[0] or attr(softmax, "axis", -1) not in (-1, 3, 4):
         return False
     if nodes.source(mixed.input[1]) != value_concat.output[0]:
         return False
@@ -96,7 +96,7 @@ def _rewrite_layer(graph: onnx.GraphProto, layer: str, heads: int, kv_heads: int
         heads_out = step.output[0]
     back = nodes.only_consumer(heads_out, "Transpose")
     flat = nodes.only_consumer(back.output[0], "Reshape") if back is not None else None
-    if flat is None or list(_attr(back, "perm", [])) != [0, 2, 1, 3]:
+    if flat is None or list(attr(back, "perm", [])) != [0, 2, 1, 3]:
         return False
     query = nodes.source(scores.input[0])
     name = f"genai/layer{layer}"
@@ -137,27 +137,40 @@ def _add_lengths(graph: onnx.GraphProto) -> None:
     ])
 
 
-def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     """Remove the nodes nothing reads any more (the replaced attention, the causal mask), then order the rest."""
     needed = {o.name for o in graph.output}
     kept: list[onnx.NodeProto] = []
     for node in reversed(_topological(graph)):
         if any(name in needed for name in node.output):
             kept.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(i for i in reads(node) if i)
     del graph.node[:]
     graph.node.extend(reversed(kept))
-    used = {i for n in graph.node for i in n.input}
+    used = {i for n in graph.node for i in reads(n)}
     keep = [init for init in graph.initializer if init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
 
 
+def reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads: its inputs, and what the graphs of its attributes (an If's branches, a Loop's
+    body) read from the enclosing graph."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+            inner = {o for n in sub.node for o in n.output} | {v.name for v in sub.input} | {
+                i.name for i in sub.initializer}
+            names += [name for n in sub.node for name in reads(n) if name not in inner]
+    return names
+
+
 def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     ready = {v.name for v in graph.input} | {i.name for i in graph.initializer} | {""}
+    produced = {o for n in graph.node for o in n.output}
     pending, ordered = list(graph.node), []
     while pending:
-        progress = [n for n in pending if all(i in ready for i in n.input)]
+        progress = [n for n in pending if all(i in ready or i not in produced for i in reads(n))]
         if not progress:
             raise ValueError("the graph has a cycle or reads a value nothing produces")
         for node in progress:
@@ -167,12 +180,12 @@ def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return ordered
 
 
-class _Nodes:
+class Nodes:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.by_output = {o: n for n in graph.node for o in n.output}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
-            for name in node.input:
+            for name in dict.fromkeys(reads(node)):
                 self.consumers.setdefault(name, []).append(node)
         for value in graph.output:  # a graph output is a reader too: what it reads must stay
             self.consumers.setdefault(value.name, []).append(oh.make_node("GraphOutput", [value.name], []))
@@ -202,32 +215,35 @@ class _Nodes:
 
 
 def _passes(node: onnx.NodeProto) -> bool:
-    return node.op_type in _PASS_THROUGH and (node.op_type != "Cast" or _attr(node, "to", 0) == onnx.TensorProto.FLOAT)
+    return node.op_type in _PASS_THROUGH and (node.op_type != "Cast" or attr(node, "to", 0) == onnx.TensorProto.FLOAT)
 
 
 def _is_cache_concat(node: onnx.NodeProto | None, past: str) -> bool:
     return (node is not None and node.op_type == "Concat" and len(node.input) == 2 and node.input[0] == past
-            and _attr(node, "axis", None) in (2, -2))
+            and attr(node, "axis", None) in (2, -2))
 
 
 def _swaps_last_two(node: onnx.NodeProto) -> bool:
-    perm = list(_attr(node, "perm", []))
+    perm = list(attr(node, "perm", []))
     return len(perm) >= 2 and perm[-2:] == [len(perm) - 1, len(perm) - 2] and perm[:-2] == list(range(len(perm) - 2))
 
 
-def _scalar(graph: onnx.GraphProto, nodes: _Nodes, mul: onnx.NodeProto, scores: str) -> float | None:
-    other = mul.input[1] if mul.input[0] == scores else mul.input[0]
-    tensor = next((i for i in graph.initializer if i.name == other), None)
-    producer = nodes.producer(other)
-    if tensor is None and producer is not None and producer.op_type == "Constant":
-        tensor = producer.attribute[0].t
-    if tensor is None:
-        return None
-    value = numpy_helper.to_array(tensor)
-    return float(value.reshape(-1)[0]) if value.size == 1 else None
+def scalar_operand(graph: onnx.GraphProto, nodes: Nodes, node: onnx.NodeProto, other_than: str) -> float | None:
+    """The value of ``node``'s other operand when it is a one-element constant."""
+    value = constant_value(graph, nodes, node.input[1] if node.input[0] == other_than else node.input[0])
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
+def constant_value(graph: onnx.GraphProto, nodes: Nodes, name: str) -> np.ndarray | None:
+    """The value of an initializer or a Constant node's output (None for a computed value)."""
+    tensor = next((i for i in graph.initializer if i.name == name), None)
+    producer = nodes.producer(name)
+    if tensor is None and producer is not None and producer.op_type == "Constant" and producer.attribute:
+        tensor = producer.attribute[0].t if producer.attribute[0].name == "value" else None
+    return numpy_helper.to_array(tensor) if tensor is not None else None
+
+
+def attr(node: onnx.NodeProto, name: str, default):
     for attribute in node.attribute:
         if attribute.name == name:
             return oh.get_attribute_value(attribute)

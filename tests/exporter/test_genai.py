@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime_genai as og
 import pytest
@@ -70,6 +71,7 @@ def test_the_folder_holds_the_model_its_config_and_the_tokenizer_files(block_che
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 2 and {n.domain for n in attention} == {"com.microsoft"}
     assert not any(i.startswith("past_key_values.") for n in graph.node if n.op_type == "Concat" for i in n.input)
+    assert sum(n.op_type == "SimplifiedLayerNormalization" for n in graph.node) == 5  # 2 per layer, the final one
     assert config["search"]["max_length"] == 64 and config["search"]["do_sample"] is False
     tokenizer = og.Tokenizer(og.Model(str(block_folder)))
     from tokenizers import Tokenizer
@@ -131,22 +133,38 @@ def test_a_qwen3_body_with_attention_residuals_and_grouped_heads_runs_as_under_a
     config = json.loads((folder / "genai_config.json").read_text())["model"]
     assert (config["type"], config["decoder"]["num_attention_heads"], config["decoder"]["num_key_value_heads"],
             config["decoder"]["head_size"], config["decoder"]["hidden_size"]) == ("qwen3", 4, 2, 16, 64)
+    ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
+    assert (ops.count("GroupQueryAttention"), ops.count("SimplifiedLayerNormalization")) == (2, 9)  # q/k norms too
     _same_tokens_everywhere(checkpoint, folder)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("family", "block_size", "dtype"), [
     ("llama", None, "float32"), ("qwen2", None, "float32"), ("qwen2", 1, "float32"), ("llama", 1, "float16"),
+    ("qwen3-moe", 1, "float32"),
 ])
 def test_decoder_bodies_run_under_onnxruntime_genai_as_under_attnres_generate(tmp_path, family, block_size, dtype):
     checkpoint = write_family_folder(tmp_path / family, family, seed=4, block_size=block_size)
     folder = export_genai_folder(checkpoint, tmp_path / "folder", "--dtype", dtype)
-    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == family
+    expected_type = "decoder" if family == "qwen3-moe" else family  # the expert routing exports as an If
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == expected_type
     if dtype == "float32":
         _same_tokens_everywhere(checkpoint, folder)
     else:
         genai = genai_generate(folder, [list(p) for p in PROMPTS])
         assert genai == [_cli_tokens(checkpoint, p, "--onnx", folder / "model.onnx") for p in PROMPTS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "entry"), [("deepseek-v3", "past_key_values.0.latent ['batch', 'past', 32]"),
+                                               ("kimi-linear", "past_key_values.0.recurrent")])
+def test_a_cache_onnxruntime_genai_does_not_allocate_is_refused_in_one_line_and_nothing_is_written(tmp_path, family,
+                                                                                                 entry):
+    checkpoint = tmp_path / family
+    assert invoke("example", checkpoint, "--arch", family).exit_code == 0
+    out = invoke("export", checkpoint, "--with-past", "--target", "portable", "--genai", tmp_path / "folder")
+    assert_one_line_error(out, f"--genai: the cache entry {entry}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [family]
 
 
 @pytest.mark.slow
@@ -271,3 +289,40 @@ def test_the_model_type_is_the_body_s_when_onnxruntime_genai_runs_it_as_a_plain_
     assert model_type({"model_type": "qwen3"}) == "qwen3"
     assert model_type({"model_type": "qwen3_moe"}) == "decoder"
     assert model_type({"arch": "attnres-lm"}) == "decoder"
+
+
+def _rms_norm_model(exponent: float) -> onnx.ModelProto:
+    """``Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, e), [-1]), eps)))), w)`` as the exporter spells an
+    RMSNorm (e = 2)."""
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as oh
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(exponent, np.float32), "e"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "w")]
+    nodes = [oh.make_node("Pow", ["x", "e"], ["p"]), oh.make_node("ReduceMean", ["p", "axes"], ["m"]),
+             oh.make_node("Add", ["m", "eps"], ["a"]), oh.make_node("Sqrt", ["a"], ["s"]),
+             oh.make_node("Reciprocal", ["s"], ["r"]), oh.make_node("Mul", ["x", "r"], ["n"]),
+             oh.make_node("Mul", ["n", "w"], ["y"])]
+    graph = oh.make_graph(nodes, "rms", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 8])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5, 8])], inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_an_rms_norm_becomes_one_simplified_layer_normalization_computing_the_numpy_rms_norm():
+    import onnxruntime as ort
+
+    from attnres_export.exporter.genai_norms import simplified_layer_norms
+
+    model = _rms_norm_model(2.0)
+    assert simplified_layer_norms(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["SimplifiedLayerNormalization"]
+    x = np.random.default_rng(1).standard_normal((3, 5, 8)).astype(np.float32)
+    w = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))
+    expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    other = _rms_norm_model(3.0)
+    assert simplified_layer_norms(other) == 0 and len(other.graph.node) == 7

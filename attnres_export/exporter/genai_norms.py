@@ -1,0 +1,61 @@
+"""RMSNorms of an onnxruntime-genai folder's model as ONNX Runtime's ``SimplifiedLayerNormalization`` (what its
+model builder writes; docs/genai.md#attention-as-groupqueryattention-norms-as-simplifiedlayernormalization).
+
+A float32 RMSNorm exports as seven nodes, ``Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2), [-1]), eps)))),
+weight)``; ONNX Runtime's own fusion does not recognise that spelling (it looks for a ``Div``), and a decode step
+at batch 1 pays for every node it runs. ``SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=eps)`` computes
+``x / sqrt(mean(x^2) + eps) * weight`` in float32, the same function. A float16 model's norms (Casts around the same
+nodes) are left as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper as oh
+
+from attnres_export.exporter.genai_attention import Nodes, attr, constant_value, drop_dead_nodes, scalar_operand
+
+
+def simplified_layer_norms(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place; returns how many RMSNorms became one node."""
+    graph = model.graph
+    count = 0
+    for power in [n for n in graph.node if n.op_type == "Pow"]:
+        count += _rewrite(graph, Nodes(graph), power)
+    if count:
+        drop_dead_nodes(graph)
+    return count
+
+
+def _rewrite(graph: onnx.GraphProto, nodes: Nodes, power: onnx.NodeProto) -> bool:
+    x = power.input[0]
+    if scalar_operand(graph, nodes, power, x) != 2.0 or power.input[1] == x:
+        return False
+    mean = nodes.only_consumer(power.output[0], "ReduceMean")
+    if mean is None or attr(mean, "keepdims", 1) != 1 or not _last_axis(graph, nodes, mean):
+        return False
+    add = nodes.only_consumer(mean.output[0], "Add")
+    eps = scalar_operand(graph, nodes, add, mean.output[0]) if add is not None else None
+    root = nodes.only_consumer(add.output[0], "Sqrt") if eps is not None else None
+    inverse = nodes.only_consumer(root.output[0], "Reciprocal") if root is not None else None
+    scaled = nodes.only_consumer(inverse.output[0], "Mul") if inverse is not None else None
+    if scaled is None or set(scaled.input) != {x, inverse.output[0]}:
+        return False
+    weighted = nodes.only_consumer(scaled.output[0], "Mul")
+    if weighted is None:
+        return False
+    weight = weighted.input[1] if weighted.input[0] == scaled.output[0] else weighted.input[0]
+    value = constant_value(graph, nodes, weight)
+    if value is None or value.ndim != 1 or value.dtype != np.float32:
+        return False
+    graph.node.append(oh.make_node("SimplifiedLayerNormalization", [x, weight], [weighted.output[0]],
+                                   name=f"genai/rms_norm/{weighted.output[0]}", axis=-1, epsilon=eps,
+                                   stash_type=1))
+    graph.node.remove(weighted)
+    return True
+
+
+def _last_axis(graph: onnx.GraphProto, nodes: Nodes, mean: onnx.NodeProto) -> bool:
+    axes = constant_value(graph, nodes, mean.input[1]) if len(mean.input) > 1 else np.array(attr(mean, "axes", []))
+    return axes is not None and axes.reshape(-1).tolist() == [-1]
