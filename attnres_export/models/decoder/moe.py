@@ -201,6 +201,10 @@ class StackedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * inner, hidden) * INIT_STD)
         self.down_proj = nn.Parameter(torch.randn(experts, hidden, inner) * INIT_STD)
 
+    def activate(self, gate_up: torch.Tensor, dim: int) -> torch.Tensor:
+        """The gated activation of a fused ``gate_up`` projection (SwiGLU; Kimi K3's experts override it)."""
+        return _swiglu(gate_up, dim)
+
     def forward(self, x2: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         forms = {"gather": self.gathered, "grouped": self.grouped, "dense": self.dense}
         few, _, many = self.expert_path.partition("+")
@@ -217,7 +221,7 @@ class StackedExperts(nn.Module):
         tokens, top_k = indices.shape
         flat = indices.reshape(-1)
         gate_up = torch.index_select(self.gate_up_proj, 0, flat).reshape(tokens, top_k, *self.gate_up_proj.shape[1:])
-        hidden = _swiglu((gate_up @ x2[:, None, :, None]).squeeze(-1), dim=-1)
+        hidden = self.activate((gate_up @ x2[:, None, :, None]).squeeze(-1), dim=-1)
         down = torch.index_select(self.down_proj, 0, flat).reshape(tokens, top_k, *self.down_proj.shape[1:])
         out = (down @ hidden.unsqueeze(-1)).squeeze(-1)
         return (out * weights.unsqueeze(-1)).sum(dim=1, dtype=torch.float32).to(x2.dtype)
@@ -253,7 +257,7 @@ class StackedExperts(nn.Module):
         tokens = pairs[:, 0]
         slots = tokens * self.top_k + pairs[:, 1]
         gate_up = torch.index_select(self.gate_up_proj, 0, expert.reshape(1)).squeeze(0)
-        hidden = _swiglu(F.linear(torch.index_select(x2, 0, tokens), gate_up), dim=-1)
+        hidden = self.activate(F.linear(torch.index_select(x2, 0, tokens), gate_up), dim=-1)
         down = torch.index_select(self.down_proj, 0, expert.reshape(1)).squeeze(0)
         routed = F.linear(hidden, down) * torch.index_select(weights.reshape(-1), 0, slots).unsqueeze(-1)
         update = torch.index_select(out, 0, tokens) + routed.to(out.dtype)
@@ -264,7 +268,7 @@ class StackedExperts(nn.Module):
         outside each token's top-k: the all-experts baseline."""
         routing = torch.zeros(x2.shape[0], self.num_experts, dtype=weights.dtype, device=x2.device)
         routing = routing.scatter(1, indices, weights)
-        hidden = _swiglu(self.gate_up_proj @ x2.transpose(0, 1), dim=1)
+        hidden = self.activate(self.gate_up_proj @ x2.transpose(0, 1), dim=1)
         out = self.down_proj @ hidden
         weighted = out * routing.transpose(0, 1).unsqueeze(1)
         return weighted.sum(dim=0, dtype=torch.float32).transpose(0, 1).contiguous().to(x2.dtype)

@@ -14,12 +14,14 @@ from attnres_export.errors import CheckpointError
 CONV_ACTIVATIONS = ("silu", "swish")
 """``hidden_act`` values the short convolutions apply (transformers' ACT2FN: both are x * sigmoid(x))."""
 
-LINEAR_ATTN_KEYS = {"head_dim", "num_heads", "short_conv_kernel_size", "kda_layers", "full_attn_layers"}
-"""Keys of ``linear_attn_config`` that transformers 5.23 reads."""
+LINEAR_ATTN_KEYS = {"head_dim", "num_heads", "short_conv_kernel_size", "kda_layers", "full_attn_layers",
+                    "use_full_rank_gate", "gate_lower_bound"}
+"""Keys of ``linear_attn_config`` read: transformers 5.23's, and Kimi K3's full-rank output gate and forget-gate
+lower bound (docs/models.md#kimi-k3)."""
 
-INERT_VALUES = {"use_full_rank_gate": False, "gate_lower_bound": None}
-"""Keys other Kimi configs carry that transformers 5.23 ignores; accepted only with the value that means what
-transformers computes (a low-rank forget gate without a lower bound)."""
+SITU = "situ"
+"""Kimi K3's ``hidden_act``: it names the feed-forwards' activation; K3's short convolutions stay SiLU (SGLang's
+``KimiK3DeltaAttention`` hands its convolution weights to the KDA kernel, whose convolution is SiLU)."""
 
 DEFAULTS = {"linear_head_dim": 128, "linear_num_heads": 32, "linear_conv_kernel_dim": 4, "hidden_act": "silu",
             "rms_norm_eps": 1e-5, "num_hidden_layers": 27, "hidden_size": 2304}
@@ -37,6 +39,11 @@ class KdaConfig:
     norm_eps: float
     layer_types: tuple[str, ...]
     activation: str = "silu"
+    full_rank_gate: bool = False
+    """K3's ``use_full_rank_gate``: the output gate is one ``g_proj`` [H*dk, D] instead of ``g_b_proj(g_a_proj)``."""
+    gate_lower_bound: float | None = None
+    """K3's ``gate_lower_bound``: the log-decay is ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))`` (the
+    "safe gate" of transformers' ``Glm5NextTextForgetGate``) instead of ``-exp(A_log) * softplus(f + dt_bias)``."""
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_heads", "head_dim", "conv_size"):
@@ -48,6 +55,14 @@ class KdaConfig:
         if self.activation not in CONV_ACTIVATIONS:
             raise CheckpointError(f"Kimi config: hidden_act {self.activation!r} is not implemented for the short "
                                   f"convolutions (only {', '.join(CONV_ACTIVATIONS)})")
+        if not isinstance(self.full_rank_gate, bool):
+            raise CheckpointError(f"Kimi config: linear_attn_config.use_full_rank_gate must be true or false, got "
+                                  f"{self.full_rank_gate!r}")
+        bound = self.gate_lower_bound
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | float)
+                                  or not math.isfinite(bound) or bound >= 0):
+            raise CheckpointError(f"Kimi config: linear_attn_config.gate_lower_bound must be a finite number < 0 "
+                                  f"(a log-decay bound) or null, got {bound!r}")
 
     @property
     def kda_layers(self) -> tuple[int, ...]:
@@ -62,12 +77,9 @@ class KdaConfig:
         if not isinstance(linear, Mapping):
             raise CheckpointError(f"Kimi config: linear_attn_config must be a dict, got {type(linear).__name__}")
         for key, value in linear.items():
-            if key in LINEAR_ATTN_KEYS:
-                continue
-            if key in INERT_VALUES and value == INERT_VALUES[key]:
-                continue
-            raise CheckpointError(f"Kimi config: linear_attn_config.{key} = {value!r} is not implemented "
-                                  "(transformers 5.23's KimiLinearDeltaAttention does not compute it)")
+            if key not in LINEAR_ATTN_KEYS:
+                raise CheckpointError(f"Kimi config: linear_attn_config.{key} = {value!r} is not implemented "
+                                      "(docs/models.md#kimi-linear lists what is computed)")
 
         def flat(key: str) -> Any:
             return config.get(key, DEFAULTS[key])
@@ -79,8 +91,10 @@ class KdaConfig:
             head_dim=linear.get("head_dim", flat("linear_head_dim")),
             conv_size=linear.get("short_conv_kernel_size", flat("linear_conv_kernel_dim")),
             norm_eps=flat("rms_norm_eps"),
-            activation=flat("hidden_act"),
+            activation="silu" if flat("hidden_act") == SITU else flat("hidden_act"),
             layer_types=_layer_types(config.get("layer_types"), linear, layers),
+            full_rank_gate=linear.get("use_full_rank_gate", False),
+            gate_lower_bound=linear.get("gate_lower_bound"),
         )
 
 

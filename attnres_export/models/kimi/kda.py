@@ -73,8 +73,12 @@ class KimiDeltaAttention(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(width))
         self.A_log = nn.Parameter(torch.zeros(1, 1, h, 1))
         self.b_proj = nn.Linear(d, h, bias=False)
-        self.g_a_proj = nn.Linear(d, dk, bias=False)
-        self.g_b_proj = nn.Linear(dk, width, bias=False)
+        self.gate_lower_bound = cfg.gate_lower_bound
+        if cfg.full_rank_gate:
+            self.g_proj = nn.Linear(d, width, bias=False)
+        else:
+            self.g_a_proj = nn.Linear(d, dk, bias=False)
+            self.g_b_proj = nn.Linear(dk, width, bias=False)
         self.o_norm = GatedRMSNorm(dk, cfg.norm_eps)
         self.o_proj = nn.Linear(width, d, bias=False)
 
@@ -106,7 +110,7 @@ class KimiDeltaAttention(nn.Module):
             q.view(heads), k.view(heads), v.view(heads), self._log_decay(hidden_states), beta,
             state.recurrent, self.head_dim**-0.5, L2NORM_EPS,
         )
-        gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(heads)
+        gate = self._output_gate(hidden_states).view(heads)
         out = self.o_proj(self.o_norm(core, gate).reshape(b, t, -1))
         return out, KdaState(recurrent, conv_q, conv_k, conv_v)
 
@@ -126,12 +130,20 @@ class KimiDeltaAttention(nn.Module):
         mixed = F.conv1d(at_least_float32(window), at_least_float32(conv.weight), groups=window.shape[1])
         return F.silu(mixed.to(x.dtype)).transpose(1, 2), window[:, :, x.shape[1]:]
 
+    def _output_gate(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The pre-sigmoid gate of the output norm: low-rank (Kimi Linear) or K3's full-rank ``g_proj``."""
+        if hasattr(self, "g_proj"):
+            return self.g_proj(hidden_states)
+        return self.g_b_proj(self.g_a_proj(hidden_states))
+
     def _log_decay(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """transformers' ``KimiLinearForgetGate``: ``-exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)`` in float32,
-        ``[B, T, H, dk]``."""
+        ``[B, T, H, dk]``; with K3's ``gate_lower_bound``, ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))``."""
         b, t, _ = hidden_states.shape
         logits = at_least_float32(self.f_b_proj(self.f_a_proj(hidden_states))) + at_least_float32(self.dt_bias)
         logits = logits.view(b, t, self.num_heads, self.head_dim)
+        if self.gate_lower_bound is not None:
+            return self.gate_lower_bound * torch.sigmoid(torch.exp(at_least_float32(self.A_log)) * logits)
         softplus = torch.where(logits > SOFTPLUS_LINEAR_ABOVE, logits, torch.log(1.0 + torch.exp(logits)))
         return -torch.exp(at_least_float32(self.A_log)) * softplus
 

@@ -33,15 +33,22 @@ DEFAULTS: dict[str, Any] = {
     "norm_topk_prob": True, "hidden_act": "silu", "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False, "attention_bias": False, "num_local_experts": 256, "mlp_layer_types": None,
     "first_k_dense_replace": 1, "attn_res_block_size": None,
+    "activation_situ_beta": None, "activation_situ_linear_beta": None, "routed_expert_hidden_size": None,
+    "latent_moe_use_norm": False, "mla_use_output_gate": False,
 }
-"""``KimiLinearConfig``'s defaults (5.23) for the keys this body reads."""
+"""``KimiLinearConfig``'s defaults (5.23) for the keys this body reads, and those of Kimi K3's additions (absent
+means off, as in SGLang's ``kimi_k3.py``; a SiTU ``beta`` that is absent or null is 1.0 there)."""
+
+ACTIVATIONS = ("silu", "situ")
+"""``hidden_act`` of the feed-forwards: SwiGLU, or Kimi K3's SiTU (``models/kimi/mlp.py``)."""
+MXFP4_FORMAT = "mxfp4-pack-quantized"
 
 KDA_KEYS = frozenset({"linear_attn_config", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
                       "layer_types"})
 DERIVED = ("head_dim", "qk_head_dim")
 """Keys transformers derives (``qk_rope_head_dim``, ``qk_nope + qk_rope``) and saves; a stored value must agree."""
 INERT_VALUES = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid", "use_grouped_topk": True,
-                "moe_layer_freq": 1, "num_nextn_predict_layers": 0}
+                "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "topk_method": "noaux_tc"}
 """Keys of Moonshot's own config.json that transformers ignores, accepted only with the value that means what
 transformers computes."""
 
@@ -71,6 +78,15 @@ class KimiLinearConfig:
     moe: MoEConfig = field(init=False)
     mlp_layer_types: tuple[str, ...] = field(init=False)
     attn_res_block_size: int | None = field(init=False)
+    hidden_act: str = field(init=False)
+    """``silu`` or Kimi K3's ``situ``, in every feed-forward (dense, shared and routed experts)."""
+    situ_beta: float = field(init=False)
+    situ_linear_beta: float | None = field(init=False)
+    routed_expert_hidden_size: int | None = field(init=False)
+    """K3's latent MoE: the routed experts run at this width between ``routed_expert_down_proj`` and
+    ``routed_expert_up_proj`` (the router and the shared experts stay at ``hidden_size``)."""
+    latent_moe_use_norm: bool = field(init=False)
+    mla_use_output_gate: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if self.arch != ARCH:
@@ -114,14 +130,32 @@ class KimiLinearConfig:
         return [
             ("family", MODEL_TYPE), ("layers", str(self.num_hidden_layers)),
             ("KDA layers", f"{list(kda.kda_layers)} ({kda.num_heads} heads of {kda.head_dim}, conv {kda.conv_size})"),
+            ("full-attention layers", str([i for i, kind in enumerate(self.layer_types) if kind == "full_attention"])),
+            ("KDA gates", f"output gate {'full-rank g_proj' if kda.full_rank_gate else 'low-rank g_a/g_b'}, forget "
+                          "gate " + ("softplus" if kda.gate_lower_bound is None
+                                     else f"lower bound {kda.gate_lower_bound}")),
             ("latent attention", f"NoPE, {self.num_attention_heads} heads, q_lora_rank {self.q_lora_rank}, "
                                  f"kv_lora_rank {self.kv_lora_rank}, nope/shared/v head dims "
-                                 f"{self.qk_nope_head_dim}/{self.qk_rope_head_dim}/{self.v_head_dim}"),
+                                 f"{self.qk_nope_head_dim}/{self.qk_rope_head_dim}/{self.v_head_dim}"
+                                 f"{', sigmoid output gate' if self.mla_use_output_gate else ''}"),
             ("experts", f"{moe.num_experts} routed, top-{moe.top_k}, {moe.n_shared_experts} shared (sigmoid router, "
                         f"{moe.topk_group} of {moe.n_group} groups) in layers {sparse}"),
-            ("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block" if self.attn_res
-             else "standard"),
+            ("latent MoE", "off" if self.routed_expert_hidden_size is None else
+             f"routed experts at width {self.routed_expert_hidden_size}"
+             f"{' with RMSNorm' if self.latent_moe_use_norm else ''}"),
+            ("activation", "SwiGLU (silu)" if self.hidden_act == "silu" else
+             f"SiTU (beta {self.situ_beta}, linear_beta {self.situ_linear_beta})"),
+            ("residual", self._residual_row()),
         ]
+
+    def _residual_row(self) -> str:
+        """The AttnRes blocks as ranges of decoder layers (the last one may be partial)."""
+        if not self.attn_res:
+            return "standard"
+        size, layers = self.attn_res_block_size, self.num_hidden_layers
+        blocks = [f"{start}-{min(start + size, layers) - 1}" for start in range(0, layers, size)]
+        partial = ", the last partial" if layers % size else ""
+        return f"Kimi K3 AttnRes, {size} decoder layers a block: {' '.join(blocks)}{partial}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "hf_config": dict(self.hf_config)}
@@ -146,7 +180,12 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The derived fields of ``raw`` (a kimi_linear ``config.json``)."""
     if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
         raise CheckpointError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
-    if raw.get("quantization_config") is not None:
+    quantization = raw.get("quantization_config")
+    if isinstance(quantization, Mapping) and MXFP4_FORMAT in str(quantization.get("format", "")):
+        raise CheckpointError(f"quantization_config: {quantization.get('quant_method')} {MXFP4_FORMAT} experts are "
+                              "not dequantized by attnres (the packing is not verified from a public source); "
+                              "give a bfloat16 checkpoint")
+    if quantization is not None:
         raise CheckpointError("quantization_config: quantized checkpoints are not supported; give floating-point "
                               "weights")
     values: dict[str, Any] = {}
@@ -185,8 +224,9 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     if kv_heads is not None and kv_heads != heads:
         raise CheckpointError(f"num_key_value_heads {kv_heads} != num_attention_heads {heads}: Kimi Linear's latent "
                               "attention expands its keys to every head")
-    if get("hidden_act") != "silu":
-        raise CheckpointError(f"hidden_act {get('hidden_act')!r} is not implemented (gated MLPs with silu only)")
+    if get("hidden_act") not in ACTIVATIONS:
+        raise CheckpointError(f"hidden_act {get('hidden_act')!r} is not implemented (gated MLPs with "
+                              f"{' or '.join(ACTIVATIONS)})")
     out = {"vocab_size": whole("vocab_size"), "hidden_size": whole("hidden_size"), "num_hidden_layers": layers,
            "num_attention_heads": heads, "intermediate_size": whole("intermediate_size"),
            "max_position_embeddings": whole("max_position_embeddings"), "kv_lora_rank": whole("kv_lora_rank"),
@@ -213,7 +253,29 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
         norm_topk_prob=flag("norm_topk_prob"), routed_scaling_factor=float(get("routed_scaling_factor")),
         n_group=whole("n_group"), topk_group=whole("topk_group"), n_shared_experts=shared)
     out["attn_res_block_size"] = None if get("attn_res_block_size") is None else whole("attn_res_block_size")
+    out.update(_k3_additions(values, get, whole, flag))
     return out
+
+
+def _k3_additions(values: Mapping[str, Any], get, whole, flag) -> dict[str, Any]:
+    """Kimi K3's SiTU, latent MoE and MLA output gate (SGLang ``kimi_k3.py``; docs/models.md#kimi-k3)."""
+
+    def positive(key: str, default: float | None) -> float | None:
+        value = values.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+            raise CheckpointError(f"{key} must be a finite number > 0 or null, got {value!r}")
+        return float(value)
+
+    latent = None if get("routed_expert_hidden_size") is None else whole("routed_expert_hidden_size")
+    if flag("latent_moe_use_norm") and latent is None:
+        raise CheckpointError("latent_moe_use_norm is true but routed_expert_hidden_size is null; the norm is of "
+                              "the latent MoE")
+    return {"hidden_act": get("hidden_act"), "situ_beta": positive("activation_situ_beta", 1.0),
+            "situ_linear_beta": positive("activation_situ_linear_beta", None),
+            "routed_expert_hidden_size": latent, "latent_moe_use_norm": flag("latent_moe_use_norm"),
+            "mla_use_output_gate": flag("mla_use_output_gate")}
 
 
 def _mlp_layer_types(given: Any, first_dense: int, layers: int) -> tuple[str, ...]:

@@ -18,7 +18,9 @@ from attnres_export.models.kimi.lm_config import KimiLinearConfig
 
 class NopeLatentAttention(nn.Module):
     """transformers' module names: ``q_proj`` (or ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``),
-    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``; softmax scale ``qk_head_dim^-0.5``."""
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``; softmax scale ``qk_head_dim^-0.5``.
+    With K3's ``mla_use_output_gate`` the heads' output is multiplied by ``sigmoid(g_proj(x))`` before ``o_proj``
+    (SGLang ``KimiK3MLAAttention``: ``x * torch.sigmoid(gate)`` of the layer input's gate)."""
 
     def __init__(self, cfg: KimiLinearConfig) -> None:
         super().__init__()
@@ -33,6 +35,8 @@ class NopeLatentAttention(nn.Module):
         self.kv_a_proj_with_mqa = nn.Linear(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        if cfg.mla_use_output_gate:
+            self.g_proj = nn.Linear(d, h * cfg.v_head_dim, bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=bias)
         self.scale = cfg.qk_head_dim**-0.5
 
@@ -53,5 +57,7 @@ class NopeLatentAttention(nn.Module):
         k_nope, v = self.kv_b_proj(latent).view(b, s, h, cfg.qk_nope_head_dim + cfg.v_head_dim).transpose(1, 2).split(
             [cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_shared.unsqueeze(1).expand(b, h, s, cfg.qk_rope_head_dim)], dim=-1)
-        out = attend(q, k, v, allowed, self.scale).to(x.dtype)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * cfg.v_head_dim)), (latent, k_shared)
+        out = attend(q, k, v, allowed, self.scale).to(x.dtype).transpose(1, 2).reshape(b, t, h * cfg.v_head_dim)
+        if cfg.mla_use_output_gate:
+            out = out * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(out), (latent, k_shared)

@@ -15,13 +15,12 @@ import torch
 from torch import nn
 
 from attnres_export.models.attnres_lm import RMSNorm
-from attnres_export.models.decoder.mlp import GatedMLP
 from attnres_export.models.decoder.model import DecoderLM
-from attnres_export.models.decoder.moe import MoEFeedForward
 from attnres_export.models.decoder.residual import ResidualNorm, ResidualProjection
 from attnres_export.models.kimi.kda import KdaState, KimiDeltaAttention
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
 from attnres_export.models.kimi.mla import NopeLatentAttention
+from attnres_export.models.kimi.mlp import feed_forward
 from attnres_export.ops.precision import at_least_float32
 
 KDA_STATE_TENSORS = len(KdaState._fields)
@@ -37,7 +36,7 @@ class KimiLinearLayer(nn.Module):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.linear = cfg.layer_types[index] == "linear_attention"
         self.self_attn = KimiDeltaAttention(cfg.kda) if self.linear else NopeLatentAttention(cfg)
-        self.mlp = MoEFeedForward(cfg.moe) if cfg.is_moe_layer(index) else GatedMLP(d, cfg.intermediate_size, False)
+        self.mlp = feed_forward(cfg, index)
         self.input_layernorm = RMSNorm(d, eps)
         self.post_attention_layernorm = RMSNorm(d, eps)
         if cfg.attn_res:

@@ -36,8 +36,9 @@ def test_a_saved_config_with_layer_types_and_flat_keys_reads_the_same() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"linear_attn_config": {"gate_lower_bound": -5.0}}, "linear_attn_config.gate_lower_bound = -5.0 is not impl"),
-    ({"linear_attn_config": {"use_full_rank_gate": True}}, "linear_attn_config.use_full_rank_gate = True is not"),
+    ({"linear_attn_config": {"gate_lower_bound": 5.0}}, "gate_lower_bound must be a finite number < 0"),
+    ({"linear_attn_config": {"use_full_rank_gate": 1}}, "use_full_rank_gate must be true or false"),
+    ({"linear_attn_config": {"gate_upper_bound": 1}}, "linear_attn_config.gate_upper_bound = 1 is not implemented"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
     ({"linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [3, 4, 5]}}, r"in both: \[3\]"),
     ({"linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [4, 5]}}, r"in neither: \[3\]"),
@@ -53,6 +54,9 @@ def test_what_the_layer_does_not_compute_is_refused_in_one_line(change: dict, me
     assert "\n" not in str(info.value)
 
 
-def test_inert_keys_with_their_neutral_values_are_accepted() -> None:
+def test_k3_gate_keys_are_read_and_their_neutral_values_mean_kimi_linear() -> None:
     config = KdaConfig.from_hf({**BASE, "linear_attn_config": {"use_full_rank_gate": False, "gate_lower_bound": None}})
-    assert config.head_dim == 128
+    assert (config.head_dim, config.full_rank_gate, config.gate_lower_bound) == (128, False, None)
+    k3 = KdaConfig.from_hf({**BASE, "hidden_act": "situ",
+                            "linear_attn_config": {"use_full_rank_gate": True, "gate_lower_bound": -5.0}})
+    assert (k3.full_rank_gate, k3.gate_lower_bound, k3.activation) == (True, -5.0, "silu")
