@@ -107,7 +107,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             capabilities=Capabilities(with_past=True, fuse_norm=True, ops=("AttnResAggregate", "AttnResAggregateNorm",
                                                                            "KimiDeltaAttention"),
                                       generates_text=True),
-            hf_model_types=("kimi_linear",),
+            hf_model_types=("kimi_linear", "kimi_k3"),
             hf_architecture="KimiLinearForCausalLM",
             hf_reader="attnres_export.models.kimi.folder:read_hf",
             example_folder="attnres_export.models.kimi.example:write_example_folder",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
+from attnres_export.models.kimi.k3_example import K3_MODEL_TYPE, write_k3_example_folder
 
 EXAMPLE_CONFIG = {
     "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
@@ -45,11 +46,13 @@ def write_example_folder(model_type: str, out_dir: Path, seed: int = 0, attn_res
     import torch
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    if model_type != "kimi_linear":
-        raise CheckpointError(f"no kimi-linear example of model_type {model_type!r}; use kimi_linear")
+    if model_type not in ("kimi_linear", K3_MODEL_TYPE):
+        raise CheckpointError(f"no kimi-linear example of model_type {model_type!r}; use kimi_linear or kimi_k3")
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise CheckpointError(f"{out_dir} exists; choose a new output folder")
+    if model_type == K3_MODEL_TYPE:
+        return write_k3_example_folder(out_dir, seed, attn_res_block_size, 7 if layers is None else layers)
     config = example_config(4 if layers is None else layers, attn_res_block_size)
     torch.manual_seed(seed)
     hf_keys = {k: v for k, v in config.items() if k != "attn_res_block_size"}
