@@ -35,3 +35,17 @@ def slow_after(values, fast: int = 1) -> list:
     (a tuple is one case of several parameters)."""
     return [pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=() if i < fast else pytest.mark.slow)
             for i, v in enumerate(values)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep the fast loop covering every test package by design: a whole-tree run of the default tier fails at
+    collection when marking tests slow left a folder of tests without any test in it."""
+    tests_root = Path(__file__).parent
+    whole_tree = [Path(arg).resolve() for arg in config.args] in ([tests_root], [tests_root.parent])
+    if not whole_tree or config.option.markexpr != "not slow":
+        return
+    folders = {path.parent for path in tests_root.rglob("test_*.py")}
+    covered = {Path(item.path).parent for item in items}
+    if bare := sorted(str(f.relative_to(tests_root.parent)) for f in folders - covered):
+        raise pytest.UsageError(f"the fast loop has no test in {', '.join(bare)}: keep one test there unmarked")

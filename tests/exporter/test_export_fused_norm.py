@@ -26,6 +26,7 @@ def block4_tail(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("fused_norm") / "m.pt", seed=4, n_layers=3, block_size=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", slow_after(["float32", "float16", "bfloat16"]))
 def test_fused_norm_export_has_one_node_per_aggregation_and_no_norm_left_and_passes_parity(block4_tail, tmp_path,
                                                                                            dtype):

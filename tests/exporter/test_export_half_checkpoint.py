@@ -24,6 +24,7 @@ def float16_checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_past", [False, True])
 def test_a_float16_checkpoint_exports_in_float16_and_matches_pytorch_from_the_same_weights(float16_checkpoint,
                                                                                          tmp_path, with_past):
@@ -36,6 +37,7 @@ def test_a_float16_checkpoint_exports_in_float16_and_matches_pytorch_from_the_sa
     assert backends == {"onnxruntime+ref-ops"}
 
 
+@pytest.mark.slow
 def test_a_float32_checkpoint_exports_in_float16_from_a_cast_copy_and_is_checked_against_its_float32_weights(
         tmp_path, monkeypatch):
     """The traced copy is loaded cast and the reference mapped again afterwards (``_models``): both loads happen,

@@ -54,6 +54,7 @@ def _cli_tokens(checkpoint: Path, prompt: list[int], *args) -> list[int]:
     return json.loads(out.output)["tokens"]
 
 
+@pytest.mark.slow
 def test_the_folder_holds_the_model_its_config_and_the_tokenizer_files(block_checkpoint, block_folder):
     assert sorted(p.name for p in block_folder.iterdir()) == [
         "genai_config.json", "model.onnx", "tokenizer.json", "tokenizer_config.json"]
@@ -81,6 +82,7 @@ def test_the_folder_holds_the_model_its_config_and_the_tokenizer_files(block_che
         text).ids
 
 
+@pytest.mark.slow
 def test_onnxruntime_genai_greedy_tokens_equal_attnres_generate_on_onnx_runtime_and_pytorch(block_checkpoint,
                                                                                            block_folder):
     prompt = PROMPTS[1]
@@ -90,6 +92,7 @@ def test_onnxruntime_genai_greedy_tokens_equal_attnres_generate_on_onnx_runtime_
     assert genai == _cli_tokens(block_checkpoint, prompt)
 
 
+@pytest.mark.slow
 def test_a_batch_of_prompts_of_different_lengths_gives_each_prompt_its_own_tokens(block_checkpoint, block_folder):
     prompts = [list(p) for p in PROMPTS]
     genai = genai_generate(block_folder, prompts)
@@ -127,6 +130,7 @@ def _same_tokens_everywhere(checkpoint: Path, folder: Path, prompts=PROMPTS) -> 
     assert genai == [_cli_tokens(checkpoint, p) for p in prompts]
 
 
+@pytest.mark.slow
 def test_a_qwen3_body_with_attention_residuals_and_grouped_heads_runs_as_under_attnres_generate(tmp_path):
     checkpoint = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2, block_size=1)
     folder = export_genai_folder(checkpoint, tmp_path / "folder")

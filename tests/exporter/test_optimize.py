@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
+from tests.conftest import slow_after
 
 
 class TinyEpsNorm(torch.nn.Module):
@@ -20,7 +21,7 @@ class TinyEpsNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
-@pytest.mark.parametrize("eps", [1e-8, 1e-9, 1e-12])
+@pytest.mark.parametrize("eps", slow_after([1e-8, 1e-9, 1e-12]))
 def test_a_tiny_eps_survives_the_export_and_a_zero_row_stays_finite(eps: float) -> None:
     program = quiet_torch_onnx_export(TinyEpsNorm(eps), (torch.randn(2, 8),), opset_version=18)
     session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -45,6 +45,7 @@ def without_recorded_config(source, target):
     return target
 
 
+@pytest.mark.slow
 def test_the_exports_own_check_and_attnres_check_give_the_same_verdicts_and_errors(artifacts, tmp_path):
     out = tmp_path / "checked.onnx"
     exported = export_checkpoint(ExportOptions(artifacts.checkpoint, out, batch=DimRange(1, 2, 3),
@@ -59,6 +60,7 @@ def test_the_exports_own_check_and_attnres_check_give_the_same_verdicts_and_erro
             assert (m.rel_l2_bar, m.cosine_bar) == (other.rel_l2_bar, other.cosine_bar)
 
 
+@pytest.mark.slow
 def test_another_models_onnx_is_refused_in_one_line_naming_what_differs(artifacts, tmp_path):
     other = checkpoint(tmp_path / "other.pt", n_layers=2)
     code, lines = one_line(other, "--onnx", artifacts.tensorrt)
@@ -82,6 +84,7 @@ def test_another_vocabulary_is_refused_by_the_output_dims_when_no_config_is_reco
         api.check(checkpoint(tmp_path / "v40.pt", vocab_size=40), onnx=[stripped])
 
 
+@pytest.mark.slow
 def test_a_with_past_graph_is_checked_on_a_prefill_and_a_decode_step_fed_a_real_past(past_artifacts, tmp_path):
     report = tmp_path / "r.json"
     result = CliRunner().invoke(app, ["check", str(past_artifacts.checkpoint), "--onnx", str(past_artifacts.with_past),
@@ -93,6 +96,7 @@ def test_a_with_past_graph_is_checked_on_a_prefill_and_a_decode_step_fed_a_real_
     assert set(data["checks"][0]["outputs"]) == {"logits", "present.0.key", "present.0.value"}
 
 
+@pytest.mark.slow
 def test_with_past_shapes_are_batch_tokens_past_and_stay_inside_the_ranges(past_artifacts):
     explicit = api.check(past_artifacts.checkpoint, onnx=[past_artifacts.with_past], shapes=[(1, 2, 3)])
     assert explicit.ok and [c.shape for c in explicit.checks] == [[1, 2, 3]]
@@ -103,6 +107,7 @@ def test_with_past_shapes_are_batch_tokens_past_and_stay_inside_the_ranges(past_
             api.check(past_artifacts.checkpoint, onnx=[past_artifacts.with_past], shapes=[shape])
 
 
+@pytest.mark.slow
 def test_plain_and_with_past_files_in_one_check_are_refused_in_one_line(artifacts, past_artifacts):
     code, lines = one_line(artifacts.checkpoint, "--onnx", past_artifacts.with_past, "--onnx", artifacts.tensorrt)
     assert code == 1 and len(lines) == 1

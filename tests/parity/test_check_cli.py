@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from attnres_export.cli import app
@@ -28,6 +29,7 @@ def test_check_passes_for_tensorrt_portable_and_ort_trt_onnx_at_the_default_shap
         assert column in result.output
 
 
+@pytest.mark.slow
 def test_a_perturbed_onnx_misses_its_bar_and_check_exits_1(artifacts, tmp_path):
     report = tmp_path / "report.json"
     result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--onnx", artifacts.perturbed,
@@ -38,12 +40,14 @@ def test_a_perturbed_onnx_misses_its_bar_and_check_exits_1(artifacts, tmp_path):
     assert verdicts == {"tiny.tensorrt.onnx": True, "tiny.perturbed.onnx": False}
 
 
+@pytest.mark.slow
 def test_a_loose_enough_tol_override_lets_the_perturbed_onnx_pass(artifacts):
     result = invoke(artifacts.checkpoint, "--onnx", artifacts.perturbed, "--shapes", "1,3",
                     "--tol", "float32:10:0")
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 def test_explicit_shapes_replace_the_metadata_defaults(artifacts, tmp_path):
     report = tmp_path / "r.json"
     result = invoke(artifacts.checkpoint, "--onnx", artifacts.tensorrt, "--shapes", "1,5", "--report", report)

@@ -99,6 +99,7 @@ def test_check_saves_inputs_reference_outputs_and_one_replay_per_artifact(artifa
     assert [it["logits"].shape for it in results["pytorch-float64"]] == [(2, 4, 32)]
 
 
+@pytest.mark.slow
 def test_each_replay_command_carries_the_bar_the_check_judged_that_shape_against(artifacts, tmp_path):
     report = tmp_path / "r.json"
     result = check_with_replays([artifacts.portable], artifacts.checkpoint, tmp_path / "pg", "--report", report)
@@ -122,6 +123,7 @@ def polygraphy_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+@pytest.mark.slow
 def test_the_printed_replay_of_a_portable_file_runs_polygraphy_and_passes(artifacts, tmp_path):
     result = check_with_replays([artifacts.portable], artifacts.checkpoint, tmp_path / "pg", "--shapes", "1,3")
     assert result.exit_code == 0, result.output
@@ -142,6 +144,7 @@ def test_the_replay_of_a_file_that_misses_its_bar_fails_in_polygraphy_too(artifa
     assert replay.returncode != 0
 
 
+@pytest.mark.slow
 def test_a_tensorrt_target_replay_loads_the_built_plugin_and_builds_a_profile_of_each_shape(artifacts, tmp_path,
                                                                                           monkeypatch):
     library = tmp_path / "lib" / "libattnres_trt.so"

@@ -175,6 +175,7 @@ def test_every_op_is_selectable_and_runs_in_the_order_of_the_brief() -> None:
     assert timed == ["aggregate", "rsa"], "AttnResAggregateNorm is correctness only"
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs_without_a_gpu_and_without_rich() -> None:
     """``python -m attnres_export.plugins.selftest`` (the documented command) lists cases, and neither the entry
     point nor anything it imports loads rich."""

@@ -34,6 +34,7 @@ def _export(checkpoint, out, **options):
                                            **options))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "target"), slow_after([(d, t) for d in ("float32", "float16", "bfloat16")
                                                          for t in ("tensorrt", "portable")]))
 def test_export_matches_pytorch_on_onnx_runtime(realformer_checkpoint, tmp_path, dtype, target) -> None:

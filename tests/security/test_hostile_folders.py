@@ -85,6 +85,7 @@ def test_a_corrupt_pickle_inside_a_pt_is_one_line(tmp_path):
     one_line_error(code, lines, "bad.pt")
 
 
+@pytest.mark.slow
 def test_generate_refuses_the_with_past_onnx_of_another_model(tmp_path):
     from attnres_export.exporter.checkpoint import export_checkpoint
     from attnres_export.exporter.options import ExportOptions

@@ -123,6 +123,7 @@ def test_a_signal_mid_export_exits_128_plus_signal_and_leaves_no_debris(checkpoi
     assert list(out.parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_debris_of_a_killed_run_is_removed_by_the_next_run_to_the_same_output(checkpoint, tmp_path):
     out = tmp_path / "m.onnx"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

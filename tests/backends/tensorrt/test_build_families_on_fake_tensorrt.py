@@ -37,6 +37,7 @@ def family_exports(tmp_path_factory) -> dict:
     return export
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", slow_after(list(FAMILY_EXTRAS)))
 def test_plain_and_with_past_exports_build_with_every_aggregation_as_plugin(fake_trt, libraries, family_exports,
                                                                            tmp_path, family):

@@ -143,6 +143,7 @@ def test_cli_build_with_embed_plugin_reports_the_plugin_embedded(fake_trt, libra
     assert "plugin embedded" in result.output and f"as plugin: {attnres_node_names(exported_onnx)[0]}," in result.output
 
 
+@pytest.mark.slow
 def test_a_fused_norm_export_builds_with_every_aggregate_norm_node_as_plugin(fake_trt, libraries, block2_checkpoint,
                                                                              tmp_path):
     from attnres_export.exporter.checkpoint import export_checkpoint

@@ -23,6 +23,7 @@ def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", slow_after(sorted(POSITIVE)))
 def test_pt2_program_exports_with_one_fused_node_per_aggregation_and_matches_torch(style, tmp_path):
     model = POSITIVE[style]().eval()
@@ -48,6 +49,7 @@ def test_onnx_input_with_portable_target_has_no_attnres_nodes_and_passes_parity(
     assert "5 found, 5 fused" in result.output
 
 
+@pytest.mark.slow
 def test_fuse_command_writes_the_fused_model_and_a_json_report(tmp_path):
     source = tmp_path / "plain.onnx"
     onnx.save(plain_onnx(StackEinsumLM, opset=18), str(source))

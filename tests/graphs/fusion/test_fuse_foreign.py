@@ -95,6 +95,7 @@ def test_our_own_portable_decomposition_is_fused_back_and_attention_softmaxes_ar
     assert "warning" not in result.output
 
 
+@pytest.mark.slow
 def test_unfused_depth_aggregations_warn_and_fail_with_strict(tmp_path):
     """NoNormLM aggregates over depth without normalized keys: a depth aggregation that is not AttnRes."""
     from typer.testing import CliRunner
@@ -163,6 +164,7 @@ def _score_weight_rows(result_model: onnx.ModelProto, expected: np.ndarray) -> l
 TWO_PHASE = ["two-phase-lse", "two-phase-running", "two-phase-sigmoid"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("style", "opset"), slow_after([(s, o) for s in TWO_PHASE for o in (18, 23)], fast=2))
 def test_two_phase_merges_fuse_into_one_node_over_the_blocks_and_the_partial(style, opset):
     """Phase 1 over the completed blocks and the online-softmax merge with the partial sum become one
@@ -178,6 +180,7 @@ def test_two_phase_merges_fuse_into_one_node_over_the_blocks_and_the_partial(sty
     assert parity.ok and matches_torch(result.model, model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", slow_after([TwoPhaseOnlineLM, TwoPhaseRunningLongBlockLM]))
 def test_merges_far_after_their_phase_1_and_of_an_unnormalized_phase_1_fuse_over_the_blocks_and_the_partial(cls):
     """Blocks of 4: phase 1 for all queries of a block runs before its sublayers, so the merges come many nodes
@@ -207,6 +210,7 @@ def test_a_merge_that_is_not_attnres_keeps_phase_1_fused_alone_and_the_report_sa
     assert parity.ok and matches_torch(result.model, model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("style", "opset"), slow_after([(s, o) for s in sorted(STATIC) for o in (18, 23)], fast=2))
 def test_static_exports_fuse_zero_partial_sources_that_folded_to_constants(style, opset):
     """With static shapes, the zeros_like partial of each block's first sublayer is an initializer (stacked, or
@@ -236,6 +240,7 @@ def test_a_constant_source_that_is_not_zero_is_left_unfused_with_that_reason():
     assert parity.ok and matches_torch(result.model, model, batch=2, seq=5)
 
 
+@pytest.mark.slow
 def test_a_bank_written_in_place_fuses_every_aggregation_through_plain_onnx_and_through_a_pt2(tmp_path):
     """InPlaceBankLM writes its sources into a view of a preallocated bank (slice assignment and ``copy_``): the
     source tracer follows the ScatterND and ScatterElements writes back to the tensors written, and the bank dies."""
@@ -266,6 +271,7 @@ class TinyEpsLM(StackEinsumLM):
         self.eps = 1e-9
 
 
+@pytest.mark.slow
 def test_rms_norms_whose_eps_the_exporters_optimizer_dropped_are_fused_with_a_warning_naming_the_fix(tmp_path):
     from typer.testing import CliRunner
 

@@ -80,6 +80,7 @@ def fused_styles() -> dict[str, tuple[FusionResult, Report]]:
     return {style: fuse(plain_onnx(cls, opset=OPSET[style])) for style, cls in RESIDUAL_STYLES.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", sorted(RESIDUAL_STYLES))
 def test_every_residual_score_layer_fuses_into_one_node_and_the_result_matches_torch(style, fused_styles):
     result, parity = fused_styles[style]
@@ -91,6 +92,7 @@ def test_every_residual_score_layer_fuses_into_one_node_and_the_result_matches_t
     assert matches_torch(result.model, RESIDUAL_STYLES[style]().eval())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", sorted(RESIDUAL_STYLES))
 def test_the_first_layer_has_no_prev_scores_and_each_next_layer_reads_the_previous_scores_output(style,
                                                                                                    fused_styles):
@@ -101,6 +103,7 @@ def test_the_first_layer_has_no_prev_scores_and_each_next_layer_reads_the_previo
     assert all(OPS[RESIDUAL_ATTENTION].node_problems(n) == [] for n in nodes)
 
 
+@pytest.mark.slow
 def test_scale_divisor_and_mask_are_read_off_each_style(fused_styles):
     head_dim = BertStyleRealFormer().head_dim
     bert, mean, einsum = (attention_nodes(fused_styles[s][0].model) for s in ("bert-style", "running-mean", "einsum"))
@@ -121,6 +124,7 @@ def test_a_single_token_sequence_fuses_every_layer_and_matches_torch():
     assert matches_torch(result.model, BertStyleRealFormer().eval(), batch=2, seq=1)
 
 
+@pytest.mark.slow
 def test_float16_realformer_fuses_with_a_float32_running_sum_and_matches_torch_at_the_float16_bar():
     model = RunningMeanRealFormer().eval()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -139,6 +143,7 @@ def test_float16_realformer_fuses_with_a_float32_running_sum_and_matches_torch_a
     assert matches_torch_at(result.model, model, "float16")
 
 
+@pytest.mark.slow
 def test_bfloat16_realformer_fuses_and_passes_whole_model_parity_at_the_bfloat16_bar():
     """The CPU runs bfloat16 through a float32 emulation, so the bar comes from the output's declared type."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -153,6 +158,7 @@ def test_bfloat16_realformer_fuses_and_passes_whole_model_parity_at_the_bfloat16
         {onnx.TensorProto.BFLOAT16}
 
 
+@pytest.mark.slow
 def test_plain_attention_gets_no_residual_node_and_its_softmaxes_stay_attention():
     original = plain_onnx(PlainBert, opset=18)
     result, parity = fuse(original)
@@ -161,6 +167,7 @@ def test_plain_attention_gets_no_residual_node_and_its_softmaxes_stay_attention(
     assert len(result.model.graph.node) == len(original.graph.node) and parity.ok
 
 
+@pytest.mark.slow
 def test_attention_over_a_single_token_is_still_attention_and_not_an_unfused_depth_aggregation():
     """With one key the attention softmax weighs one tensor, like a one-source aggregation; its Q K^T logits
     and P V product of activations still say attention, so no depth site is reported unfused."""
@@ -170,6 +177,7 @@ def test_attention_over_a_single_token_is_still_attention_and_not_an_unfused_dep
     assert result.unfused == [] and parity.ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("style", "reason", "first"), [
     ("scores-after-softmax", "after the softmax", ATTENTION),
     ("multiplied-scores", "through Mul, not added", ATTENTION),
@@ -187,6 +195,7 @@ def test_a_near_miss_is_rejected_with_its_reason_and_left_as_it_was(style, reaso
     assert parity.ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("field", "factor"), [("scale", 1.01), ("divisor", 1.01)])
 def test_verification_rejects_a_replacement_with_a_wrong_scale_or_divisor(field, factor):
     model = plain_onnx(RunningMeanRealFormer, opset=18)
@@ -200,6 +209,7 @@ def test_verification_rejects_a_replacement_with_a_wrong_scale_or_divisor(field,
     assert not verdict.ok and "differs from ResidualScoreAttention" in verdict.reason
 
 
+@pytest.mark.slow
 def test_the_fused_model_converts_to_portable_and_back_computing_the_same(fused_styles):
     fused = fused_styles["bert-style"][0].model
     portable = convert(fused, "portable")
@@ -222,6 +232,7 @@ def test_fuse_command_reports_residual_score_attention_and_writes_one_node_per_l
     assert data["parity"]["ok"] and {s["kind"] for s in data["sites"]} == {RESIDUAL}
 
 
+@pytest.mark.slow
 def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_the_program(tmp_path):
     model = RunningMeanRealFormer().eval()
     program = save_program(model, tmp_path / "realformer.pt2")
@@ -239,6 +250,7 @@ def test_pt2_program_exports_with_one_residual_node_per_layer_checked_against_th
     assert matches_torch(written, model)
 
 
+@pytest.mark.slow
 def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
     """A near miss (a mask carried with the scores) is a RealFormer layer left as standard ops: warned like an
     unfused depth aggregation, and an error under --strict that writes nothing."""
@@ -254,6 +266,7 @@ def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
     assert not (tmp_path / "b.onnx").exists()
 
 
+@pytest.mark.slow
 def test_a_vision_transformer_with_heads_merged_into_the_batch_fuses_every_layer_and_matches_torch():
     """BmmRealFormerViT multiplies 3-D ``[B*H, N, d]`` heads with ``torch.bmm``: each layer becomes one node that
     reads them with a leading unit axis, chained through its scores, and the class-token logits match PyTorch at a

@@ -57,6 +57,7 @@ def test_left_padded_batch_with_past_matches_k3_reference(k3):
     assert relative_l2(out[0][valid], expected[valid]) <= BAR
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_with_past_greedy_tokens_equal_argmax_of_k3_reference(k3):
     """AttnRes carries no state across steps: every token of the cached decode loop is the argmax of a full K3

@@ -33,6 +33,7 @@ def test_transformers_loads_the_example_folder_and_computes_our_logits(tmp_path,
         assert relative_l2(ours(ids), reference(ids).logits) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_on_the_with_past_onnx_gives_transformers_greedy_tokens(tmp_path, family):
     folder, _, _ = write_example_folder(family, tmp_path / family, seed=5)
@@ -48,6 +49,7 @@ def test_generate_on_the_with_past_onnx_gives_transformers_greedy_tokens(tmp_pat
     assert json.loads(out.output.strip().splitlines()[-1])["tokens"] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3"])
 def test_an_attnres_example_exports_one_node_per_aggregation_and_passes_parity(tmp_path, family):
     folder, _, _ = write_example_folder(family, tmp_path / family, seed=7, attn_res_block_size=1)

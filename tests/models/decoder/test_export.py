@@ -30,6 +30,7 @@ def _count(program: torch.export.ExportedProgram, op) -> int:
     return sum(1 for node in program.graph.nodes if node.target == op._opoverload)
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_plain_form_exports_with_dynamic_batch_and_sequence(k3_model):
     ids = torch.randint(0, k3_model.config.vocab_size, (2, 5))
@@ -46,6 +47,7 @@ def test_plain_form_exports_with_dynamic_batch_and_sequence(k3_model):
         torch.testing.assert_close(program.module()(other), k3_model(other), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_with_past_form_exports_with_dynamic_past_and_runs_prefill_and_decode(k3_model):
     step = k3_model.with_past()

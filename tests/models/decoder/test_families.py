@@ -89,6 +89,7 @@ def test_left_padded_prefill_and_decode_steps_match_transformers_cache(pair):
         assert relative_l2(out[0], expected.logits) <= BAR
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_with_past_greedy_tokens_equal_transformers_generate(pair):
     reference, ours = pair

@@ -20,6 +20,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.exporter.optimize import optimize_exported
 from attnres_export.models.decoder.moe import EXPERT_PATHS, MoEConfig, MoEFeedForward, expert_state_from_hf
+from tests.conftest import slow_after
 
 HIDDEN, INNER, EXPERTS, TOP_K = 32, 16, 8, 2
 TOKEN_SHAPES = [(1, 1), (1, 7), (3, 11), (1, 33)]
@@ -131,9 +132,9 @@ def test_stacked_layout_of_save_original_format_false_maps_the_same(family, per_
     assert all(torch.equal(from_stacked[name], from_per_expert[name]) for name in from_stacked)
 
 
-@pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
+@pytest.mark.parametrize("implementation", slow_after(["eager", "grouped_mm", "batched_mm"]))
 @pytest.mark.parametrize("expert_path", EXPERT_PATHS)
-@pytest.mark.parametrize("shape", TOKEN_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", slow_after([(s,) for s in TOKEN_SHAPES], fast=2), ids=lambda s: f"{s[0]}x{s[1]}")
 def test_float32_output_matches_transformers(family, per_expert_tensors, expert_path, shape, implementation):
     module = ours(family, per_expert_tensors, expert_path)
     x = inputs(shape)
@@ -147,7 +148,7 @@ def test_float32_output_matches_transformers(family, per_expert_tensors, expert_
 
 @pytest.mark.parametrize(("dtype", "bar"), [(torch.float16, 5e-3), (torch.bfloat16, 2e-2)], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("expert_path", EXPERT_PATHS)
-@pytest.mark.parametrize("shape", [(1, 1), (1, 33)], ids=["1x1", "1x33"])
+@pytest.mark.parametrize("shape", slow_after([((1, 1),), ((1, 33),)]), ids=["1x1", "1x33"])
 def test_low_precision_output_matches_transformers_in_the_same_dtype(family, per_expert_tensors, expert_path, shape,
                                                                        dtype, bar):
     theirs = copy.deepcopy(family.block).to(dtype)
@@ -276,6 +277,7 @@ def _session(model: onnx.ModelProto | Path) -> onnxruntime.InferenceSession:
     return onnxruntime.InferenceSession(source, providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 1), (4, 1), (1, 17), (2, 9)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_onnx_runtime_output_matches_transformers_on_both_branches(family, exported, shape):
     """One token runs the gather branch; a decode batch of 4, 17 and 2 x 9 tokens the grouped one."""
@@ -304,6 +306,7 @@ def _traces_to_topk_indices(name: str, graphs: list[onnx.GraphProto]) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_decode_branch_gathers_only_the_top_k_experts_weights(exported):
     """The graph's one If takes its then-branch on few tokens; there the stacked expert tensors are read only by
     Gathers indexed by the router's TopK indices (k experts per token), and nothing outside the If reads them."""
@@ -325,6 +328,7 @@ def test_decode_branch_gathers_only_the_top_k_experts_weights(exported):
     assert [node.op_type for node in else_branch.node].count("Loop") == 1
 
 
+@pytest.mark.slow
 def test_onnx_resolves_routing_ties_to_the_lowest_expert_indices(family, exported):
     """ONNX TopK keeps the lower index among equal values (the spec); torch.topk on the CPU does not promise
     that, so on exact ties the exported graph may choose other experts than transformers (documented). With a

@@ -69,6 +69,7 @@ def _transformers_state(cache: DynamicCache) -> dict[str, np.ndarray]:
             "conv_state_k": k.clone().numpy(), "conv_state_v": v.clone().numpy()}
 
 
+@pytest.mark.slow
 def test_the_tensorrt_target_holds_one_fused_node_and_portable_none(exported) -> None:
     _, models = exported
     fused = [n for n in models["tensorrt"].graph.node if n.domain == "attnres"]
