@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 import torch
+from onnx_ir._cloner import Cloner
 from onnx_ir.tensor_adapters import TorchTensor, from_torch_dtype, to_torch_dtype
 from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
-from attnres_export.exporter.piece_trace import TracedKind, piece_tensors, trace_kinds
+from attnres_export.exporter.piece_trace import TracedKind, outer_reads, piece_tensors, renamed, subgraphs, trace_kinds
 from attnres_export.models.base import ExportPlan, PlanAdd, PlanAggregate, PlannedModel, PlanPiece, PlanValue
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import AGGREGATE, AGGREGATE_NORM, DOMAIN, OPSET_VERSION
@@ -70,8 +71,8 @@ def _folding(kind: TracedKind) -> _Folding:
                 and not set(node.outputs) & set(kind.outputs)):
             nodes.add(node)
             done.update(node.outputs)
-    read = [v for node in kind.nodes if node not in nodes for v in node.inputs if v is not None
-            and v.producer() in nodes]
+    read = [v for node in kind.nodes if node not in nodes for v in [*node.inputs, *outer_reads(node)]
+            if v is not None and v.producer() in nodes]
     return _Folding(nodes, list(dict.fromkeys(read)))
 
 
@@ -173,9 +174,9 @@ class _Assembly:
             if node in folding.nodes:
                 continue
             inputs = [self._input(v, mapped, own, piece) for v in node.inputs]
-            copy = ir.Node(node.domain, node.op_type, inputs, attributes=list(node.attributes.values()),
+            copy = ir.Node(node.domain, node.op_type, inputs, attributes=self._attributes(node, mapped, own, piece, kind),
                            overload=node.overload, num_outputs=len(node.outputs), version=node.version,
-                           name=f"{piece.name}/{node.name}")
+                           name=self._node_name(node, piece))
             for old, new in zip(node.outputs, copy.outputs, strict=True):
                 new.name, new.type = outputs.get(old, f"{piece.name}/{old.name}"), old.type
                 shape = kind.shapes.get(old)
@@ -186,6 +187,29 @@ class _Assembly:
             if name in self.env:
                 raise ExportError(f"the model's export plan produces {name!r} twice (please report this)")
             self.env[name] = mapped[old]
+
+    def _node_name(self, node: ir.Node, piece: PlanPiece) -> str:
+        """An attnres node (a ``KimiDeltaAttention`` inside a piece) is named as torch.onnx names the n-th call of
+        its op in the whole model, so TensorRT's plugin layers read the same in both exports; any other node
+        after its piece."""
+        if node.domain == DOMAIN and node.op_type in OPS:
+            return self._traced_name(node.op_type)
+        return f"{piece.name}/{node.name}"
+
+    def _attributes(self, node: ir.Node, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
+                    piece: PlanPiece, kind: TracedKind) -> list[ir.Attr]:
+        """The node's attributes; a subgraph (an ``If`` branch, a ``Loop`` body) is cloned with the values it
+        reads from the piece bound to this copy's, its own values named after the piece."""
+        if not subgraphs(node):
+            return list(node.attributes.values())
+        bound = {value: self._input(value, mapped, own, piece) for value in outer_reads(node)}
+        cloner = Cloner(attr_map={}, value_map=bound, metadata_props={})
+        attributes = [cloner.clone_attr(key, attr) for key, attr in node.attributes.items()]
+        for attr in attributes:
+            for graph in ([attr.as_graph()] if attr.type == ir.AttributeType.GRAPH else
+                          attr.as_graphs() if attr.type == ir.AttributeType.GRAPHS else []):
+                _rename_subgraph(graph, piece.name, kind.dim_names)
+        return attributes
 
     def _input(self, value: ir.Value | None, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
                piece: PlanPiece) -> ir.Value | None:
@@ -234,6 +258,20 @@ class _Assembly:
         node = ir.Node("", "Add", [a, b], name=f"{step.output}/Add")
         self.publish(node.outputs[0], step.output, like=a)
         self.nodes.append(node)
+
+
+def _rename_subgraph(graph: ir.Graph, prefix: str, dim_names: dict[str, str]) -> None:
+    """Prefix the names of a cloned subgraph's nodes and values with the piece's name (every copy has its own
+    subgraph, and ONNX wants each name defined once in scope), its shapes in the plan's dim names."""
+    values = [*graph.inputs, *graph.initializers.values(), *(v for node in graph for v in node.outputs)]
+    for value in values:
+        if value.name:
+            value.name = f"{prefix}/{value.name}"
+        value.shape = renamed(value.shape, dim_names)
+    for node in graph:
+        node.name = f"{prefix}/{node.name}"
+        for sub in subgraphs(node):
+            _rename_subgraph(sub, prefix, dim_names)
 
 
 def _vector(tensor: torch.Tensor, name: str) -> TorchTensor:
