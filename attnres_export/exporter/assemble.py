@@ -10,9 +10,11 @@ folding would have stored it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnx_ir._cloner import Cloner
@@ -50,9 +52,14 @@ FOLDED = {
     "Transpose": lambda node, x: x.permute(*(node.attributes.get_ints("perm") or range(x.dim() - 1, -1, -1))),
     "Cast": lambda node, x: x.to(to_torch_dtype(ir.DataType(node.attributes.get_int("to")))),
     "Identity": lambda node, x: x,
+    "Neg": lambda node, x: -x,
+    "Exp": lambda node, x: torch.from_numpy(np.exp(x.detach().numpy())),
 }
-"""Weight-only ops whose results are written as initializers: one input each, a layout change or a cast, which torch
-computes as ONNX defines it (a cast rounds to nearest even)."""
+"""Weight-only ops whose results are written as initializers: one input each, a layout change, a cast, a negation,
+which torch computes as ONNX defines it (a cast rounds to nearest even), or an ``Exp`` (KDA's ``-exp(A_log)``),
+computed by NumPy as the whole-model trace's constant folding computes it (onnxscript folds with ONNX's NumPy
+reference ops), so both exports hold the same bits; ONNX Runtime's own ``Exp`` differs from NumPy's in the last
+float32 bit."""
 
 
 @dataclass
@@ -68,7 +75,8 @@ def _folding(kind: TracedKind) -> _Folding:
     done, nodes = set(weights), set()
     for node in kind.nodes:
         if (node.domain == "" and node.op_type in FOLDED and len(node.inputs) == 1 and node.inputs[0] in done
-                and not set(node.outputs) & set(kind.outputs)):
+                and not set(node.outputs) & set(kind.outputs)
+                and not (node.op_type == "Exp" and node.inputs[0].dtype == ir.DataType.BFLOAT16)):
             nodes.add(node)
             done.update(node.outputs)
     read = [v for node in kind.nodes if node not in nodes for v in [*node.inputs, *outer_reads(node)]
@@ -190,10 +198,12 @@ class _Assembly:
 
     def _node_name(self, node: ir.Node, piece: PlanPiece) -> str:
         """An attnres node (a ``KimiDeltaAttention`` inside a piece) is named as torch.onnx names the n-th call of
-        its op in the whole model, so TensorRT's plugin layers read the same in both exports; any other node
+        its op in the whole model (with the suffix the trace gave it: ``node_kimi_delta_attention_2__1``), so TensorRT's plugin layers read the same in both exports; any other node
         after its piece."""
         if node.domain == DOMAIN and node.op_type in OPS:
-            return self._traced_name(node.op_type)
+            base = OPS[node.op_type].torch_op.split("::")[1]
+            traced = re.fullmatch(rf"node_{base}(?:_\d+)?(.*)", node.name or "")
+            return self._traced_name(node.op_type) + (traced.group(1) if traced else "")
         return f"{piece.name}/{node.name}"
 
     def _attributes(self, node: ir.Node, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
