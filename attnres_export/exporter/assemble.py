@@ -215,10 +215,7 @@ class _Assembly:
         bound = {value: self._input(value, mapped, own, piece) for value in outer_reads(node)}
         cloner = Cloner(attr_map={}, value_map=bound, metadata_props={})
         attributes = [cloner.clone_attr(key, attr) for key, attr in node.attributes.items()]
-        for attr in attributes:
-            for graph in ([attr.as_graph()] if attr.type == ir.AttributeType.GRAPH else
-                          attr.as_graphs() if attr.type == ir.AttributeType.GRAPHS else []):
-                _rename_subgraph(graph, piece.name, kind.dim_names)
+        _rename_scopes(attributes, f"{piece.name}/{node.name}", kind.dim_names)
         return attributes
 
     def _input(self, value: ir.Value | None, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
@@ -270,18 +267,24 @@ class _Assembly:
         self.nodes.append(node)
 
 
-def _rename_subgraph(graph: ir.Graph, prefix: str, dim_names: dict[str, str]) -> None:
-    """Prefix the names of a cloned subgraph's nodes and values with the piece's name (every copy has its own
-    subgraph, and ONNX wants each name defined once in scope), its shapes in the plan's dim names."""
-    values = [*graph.inputs, *graph.initializers.values(), *(v for node in graph for v in node.outputs)]
-    for value in values:
-        if value.name:
-            value.name = f"{prefix}/{value.name}"
-        value.shape = renamed(value.shape, dim_names)
-    for node in graph:
-        node.name = f"{prefix}/{node.name}"
-        for sub in subgraphs(node):
-            _rename_subgraph(sub, prefix, dim_names)
+def _rename_scopes(attributes: list[ir.Attr], prefix: str, dim_names: dict[str, str]) -> None:
+    """Name the values and nodes of cloned subgraphs after their piece, node and attribute
+    (``layers.1.mlp/node_cond/then_branch/view``): torch.onnx numbers a subgraph's names on their own, so they could
+    repeat a name of the piece's graph, and ONNX wants each name defined once in scope; shapes in the plan's dim
+    names."""
+    for attr in attributes:
+        graphs = [attr.as_graph()] if attr.type == ir.AttributeType.GRAPH else \
+            attr.as_graphs() if attr.type == ir.AttributeType.GRAPHS else []
+        for index, graph in enumerate(graphs):
+            scope = f"{prefix}/{attr.name}" + (f"{index}" if attr.type == ir.AttributeType.GRAPHS else "")
+            for value in [*graph.inputs, *graph.initializers.values(), *(v for n in graph for v in n.outputs)]:
+                if value.name:
+                    value.name = f"{scope}/{value.name}"
+                value.shape = renamed(value.shape, dim_names)
+            for inner in graph:
+                inner_attributes = list(inner.attributes.values())
+                _rename_scopes(inner_attributes, f"{scope}/{inner.name}", dim_names)
+                inner.name = f"{scope}/{inner.name}"
 
 
 def _vector(tensor: torch.Tensor, name: str) -> TorchTensor:
