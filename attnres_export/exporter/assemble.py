@@ -182,9 +182,9 @@ class _Assembly:
             if node in folding.nodes:
                 continue
             inputs = [self._input(v, mapped, own, piece) for v in node.inputs]
-            copy = ir.Node(node.domain, node.op_type, inputs, attributes=self._attributes(node, mapped, own, piece, kind),
-                           overload=node.overload, num_outputs=len(node.outputs), version=node.version,
-                           name=self._node_name(node, piece))
+            attributes = self._attributes(node, mapped, own, piece, kind)
+            copy = ir.Node(node.domain, node.op_type, inputs, attributes=attributes, overload=node.overload,
+                           num_outputs=len(node.outputs), version=node.version, name=self._node_name(node, piece))
             for old, new in zip(node.outputs, copy.outputs, strict=True):
                 new.name, new.type = outputs.get(old, f"{piece.name}/{old.name}"), old.type
                 shape = kind.shapes.get(old)
@@ -198,8 +198,8 @@ class _Assembly:
 
     def _node_name(self, node: ir.Node, piece: PlanPiece) -> str:
         """An attnres node (a ``KimiDeltaAttention`` inside a piece) is named as torch.onnx names the n-th call of
-        its op in the whole model (with the suffix the trace gave it: ``node_kimi_delta_attention_2__1``), so TensorRT's plugin layers read the same in both exports; any other node
-        after its piece."""
+        its op in the whole model (with the suffix the trace gave it: ``node_kimi_delta_attention_2__1``), so
+        TensorRT's plugin layers read the same in both exports; any other node after its piece."""
         if node.domain == DOMAIN and node.op_type in OPS:
             base = OPS[node.op_type].torch_op.split("::")[1]
             traced = re.fullmatch(rf"node_{base}(?:_\d+)?(.*)", node.name or "")
