@@ -112,6 +112,7 @@ def main() -> None:
             console.print(f"exporting {name} ...")
             results[name] = child(folders[layers], folders[2], root / f"{name.replace(' ', '-')}.onnx", whole,
                                   args.threads)
+            console.print(f"  {results[name]['wall']:.2f} s wall, {results[name]['cpu']:.2f} s CPU")
     console.print(f"load average after the run {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     console.print(phase_table(results))
     ratio = results["assembled 93"]["wall"] / results["assembled 12"]["wall"]
