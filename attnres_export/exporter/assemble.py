@@ -10,18 +10,21 @@ folding would have stored it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 import torch
+from onnx_ir._cloner import Cloner
 from onnx_ir.tensor_adapters import TorchTensor, from_torch_dtype, to_torch_dtype
 from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
-from attnres_export.exporter.piece_trace import TracedKind, piece_tensors, trace_kinds
+from attnres_export.exporter.piece_trace import TracedKind, outer_reads, piece_tensors, renamed, subgraphs, trace_kinds
 from attnres_export.models.base import ExportPlan, PlanAdd, PlanAggregate, PlannedModel, PlanPiece, PlanValue
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import AGGREGATE, AGGREGATE_NORM, DOMAIN, OPSET_VERSION
@@ -49,9 +52,14 @@ FOLDED = {
     "Transpose": lambda node, x: x.permute(*(node.attributes.get_ints("perm") or range(x.dim() - 1, -1, -1))),
     "Cast": lambda node, x: x.to(to_torch_dtype(ir.DataType(node.attributes.get_int("to")))),
     "Identity": lambda node, x: x,
+    "Neg": lambda node, x: -x,
+    "Exp": lambda node, x: torch.from_numpy(np.exp(x.detach().numpy())),
 }
-"""Weight-only ops whose results are written as initializers: one input each, a layout change or a cast, which torch
-computes as ONNX defines it (a cast rounds to nearest even)."""
+"""Weight-only ops whose results are written as initializers: one input each, a layout change, a cast, a negation,
+which torch computes as ONNX defines it (a cast rounds to nearest even), or an ``Exp`` (KDA's ``-exp(A_log)``),
+computed by NumPy as the whole-model trace's constant folding computes it (onnxscript folds with ONNX's NumPy
+reference ops), so both exports hold the same bits; ONNX Runtime's own ``Exp`` differs from NumPy's in the last
+float32 bit."""
 
 
 @dataclass
@@ -67,11 +75,12 @@ def _folding(kind: TracedKind) -> _Folding:
     done, nodes = set(weights), set()
     for node in kind.nodes:
         if (node.domain == "" and node.op_type in FOLDED and len(node.inputs) == 1 and node.inputs[0] in done
-                and not set(node.outputs) & set(kind.outputs)):
+                and not set(node.outputs) & set(kind.outputs)
+                and not (node.op_type == "Exp" and node.inputs[0].dtype == ir.DataType.BFLOAT16)):
             nodes.add(node)
             done.update(node.outputs)
-    read = [v for node in kind.nodes if node not in nodes for v in node.inputs if v is not None
-            and v.producer() in nodes]
+    read = [v for node in kind.nodes if node not in nodes for v in [*node.inputs, *outer_reads(node)]
+            if v is not None and v.producer() in nodes]
     return _Folding(nodes, list(dict.fromkeys(read)))
 
 
@@ -173,9 +182,9 @@ class _Assembly:
             if node in folding.nodes:
                 continue
             inputs = [self._input(v, mapped, own, piece) for v in node.inputs]
-            copy = ir.Node(node.domain, node.op_type, inputs, attributes=list(node.attributes.values()),
-                           overload=node.overload, num_outputs=len(node.outputs), version=node.version,
-                           name=f"{piece.name}/{node.name}")
+            attributes = self._attributes(node, mapped, own, piece, kind)
+            copy = ir.Node(node.domain, node.op_type, inputs, attributes=attributes, overload=node.overload,
+                           num_outputs=len(node.outputs), version=node.version, name=self._node_name(node, piece))
             for old, new in zip(node.outputs, copy.outputs, strict=True):
                 new.name, new.type = outputs.get(old, f"{piece.name}/{old.name}"), old.type
                 shape = kind.shapes.get(old)
@@ -186,6 +195,28 @@ class _Assembly:
             if name in self.env:
                 raise ExportError(f"the model's export plan produces {name!r} twice (please report this)")
             self.env[name] = mapped[old]
+
+    def _node_name(self, node: ir.Node, piece: PlanPiece) -> str:
+        """An attnres node (a ``KimiDeltaAttention`` inside a piece) is named as torch.onnx names the n-th call of
+        its op in the whole model (with the suffix the trace gave it: ``node_kimi_delta_attention_2__1``), so
+        TensorRT's plugin layers read the same in both exports; any other node after its piece."""
+        if node.domain == DOMAIN and node.op_type in OPS:
+            base = OPS[node.op_type].torch_op.split("::")[1]
+            traced = re.fullmatch(rf"node_{base}(?:_\d+)?(.*)", node.name or "")
+            return self._traced_name(node.op_type) + (traced.group(1) if traced else "")
+        return f"{piece.name}/{node.name}"
+
+    def _attributes(self, node: ir.Node, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
+                    piece: PlanPiece, kind: TracedKind) -> list[ir.Attr]:
+        """The node's attributes; a subgraph (an ``If`` branch, a ``Loop`` body) is cloned with the values it
+        reads from the piece bound to this copy's, its own values named after the piece."""
+        if not subgraphs(node):
+            return list(node.attributes.values())
+        bound = {value: self._input(value, mapped, own, piece) for value in outer_reads(node)}
+        cloner = Cloner(attr_map={}, value_map=bound, metadata_props={})
+        attributes = [cloner.clone_attr(key, attr) for key, attr in node.attributes.items()]
+        _rename_scopes(attributes, f"{piece.name}/{node.name}", kind.dim_names)
+        return attributes
 
     def _input(self, value: ir.Value | None, mapped: dict[ir.Value, ir.Value], own: dict[ir.Value, torch.Tensor],
                piece: PlanPiece) -> ir.Value | None:
@@ -234,6 +265,26 @@ class _Assembly:
         node = ir.Node("", "Add", [a, b], name=f"{step.output}/Add")
         self.publish(node.outputs[0], step.output, like=a)
         self.nodes.append(node)
+
+
+def _rename_scopes(attributes: list[ir.Attr], prefix: str, dim_names: dict[str, str]) -> None:
+    """Name the values and nodes of cloned subgraphs after their piece, node and attribute
+    (``layers.1.mlp/node_cond/then_branch/view``): torch.onnx numbers a subgraph's names on their own, so they could
+    repeat a name of the piece's graph, and ONNX wants each name defined once in scope; shapes in the plan's dim
+    names."""
+    for attr in attributes:
+        graphs = [attr.as_graph()] if attr.type == ir.AttributeType.GRAPH else \
+            attr.as_graphs() if attr.type == ir.AttributeType.GRAPHS else []
+        for index, graph in enumerate(graphs):
+            scope = f"{prefix}/{attr.name}" + (f"{index}" if attr.type == ir.AttributeType.GRAPHS else "")
+            for value in [*graph.inputs, *graph.initializers.values(), *(v for n in graph for v in n.outputs)]:
+                if value.name:
+                    value.name = f"{scope}/{value.name}"
+                value.shape = renamed(value.shape, dim_names)
+            for inner in graph:
+                inner_attributes = list(inner.attributes.values())
+                _rename_scopes(inner_attributes, f"{scope}/{inner.name}", dim_names)
+                inner.name = f"{scope}/{inner.name}"
 
 
 def _vector(tensor: torch.Tensor, name: str) -> TorchTensor:

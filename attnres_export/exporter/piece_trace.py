@@ -41,6 +41,8 @@ class TracedKind:
     """Every node the outputs depend on, in graph order."""
     shapes: dict[ir.Value, ir.Shape | None]
     """Each value's shape with the plan's dim names."""
+    dim_names: dict[str, str]
+    """Trace symbol -> plan dim name (for the values inside subgraphs, renamed when a copy is made)."""
 
 
 def piece_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -105,7 +107,7 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
         names = _dim_names(piece.signature, piece_inputs)
         values = [*piece_inputs, *(v for _, v in piece_weights), *(o for n in nodes for o in n.outputs)]
         traced[piece.kind] = TracedKind(piece.kind, piece_inputs, piece_weights, outputs, nodes,
-                                        {v: _renamed(v.shape, names) for v in values})
+                                        {v: renamed(v.shape, names) for v in values}, names)
     return traced, program.model
 
 
@@ -128,12 +130,40 @@ def _nodes_reaching(graph: ir.Graph, outputs: list[ir.Value], own: set[ir.Value]
         node = value.producer()
         if node is None or node in needed:
             continue
-        if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
-            raise ExportError(f"the traced {kind} piece holds a {node.op_type} node with a subgraph, which the "
-                              "assembler does not copy; export with --trace-whole")
         needed.add(node)
         pending.extend(v for v in node.inputs if v is not None)
+        pending.extend(outer_reads(node))
     return [node for node in graph if node in needed]
+
+
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The subgraphs of ``node``'s attributes (an ``If``'s branches, a ``Loop``'s or ``Scan``'s body)."""
+    graphs: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs.extend(attr.as_graphs())
+    return graphs
+
+
+def outer_reads(node: ir.Node) -> list[ir.Value]:
+    """The values of the enclosing graph that ``node``'s subgraphs read: ONNX lets a subgraph read any value in
+    scope by name, so these are inputs of the node too (torch.onnx's ``If`` of a ``torch.cond`` and ``Loop`` of a
+    ``torch.while_loop`` read the weights and activations this way)."""
+    reads: dict[ir.Value, None] = {}
+
+    def walk(graph: ir.Graph, outer: set[ir.Value]) -> None:
+        defined = outer | set(graph.inputs) | set(graph.initializers.values())
+        for inner in graph:
+            reads.update((v, None) for v in inner.inputs if v is not None and v not in defined)
+            for sub in subgraphs(inner):
+                walk(sub, defined)
+            defined.update(inner.outputs)
+
+    for sub in subgraphs(node):
+        walk(sub, set())
+    return list(reads)
 
 
 def _dim_names(signature: tuple[PlanValue, ...], values: list[ir.Value]) -> dict[str, str]:
@@ -149,7 +179,8 @@ def _dim_names(signature: tuple[PlanValue, ...], values: list[ir.Value]) -> dict
     return names
 
 
-def _renamed(shape: ir.Shape | None, names: dict[str, str]) -> ir.Shape | None:
+def renamed(shape: ir.Shape | None, names: dict[str, str]) -> ir.Shape | None:
+    """``shape`` with the trace's symbols replaced by the plan's dim names (``names``)."""
     if shape is None:
         return None
     return ir.Shape([_renamed_dim(d, names) for d in shape])

@@ -176,9 +176,10 @@ class ExportPlan:
 class PlannedModel(Protocol):
     """A model that can be exported piece by piece (optional: a family without it is traced whole)."""
 
-    def export_plan(self, with_past: bool = False, fuse_norm: bool = False) -> ExportPlan:
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False) -> ExportPlan | None:
         """The plan of the plain graph (or with ``with_past``, of the with-past graph); ``fuse_norm`` as
-        ``norms_fused()``. Called on the model in the export dtype."""
+        ``norms_fused()``. Called on the model in the export dtype. None when no two of its layers compute the same
+        function (it is traced whole)."""
         ...
 
 

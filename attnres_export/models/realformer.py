@@ -217,6 +217,12 @@ class RealFormer(nn.Module):
         """ResidualScoreAttention nodes an export holds: one per layer."""
         return self.config.n_layers
 
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False):
+        """The model as the exporter assembles it (``models/realformer_plan.py``); None with ``running_mean``."""
+        from attnres_export.models.realformer_plan import realformer_plan
+
+        return realformer_plan(self)
+
     def random_inputs(self, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Token ids and an int64 mask; every other row, counted from the last, ends in padding.
 

@@ -167,9 +167,9 @@ def test_a_plan_reading_a_value_nothing_produces_is_refused(traced_block2):
         assemble(dataclasses.replace(plan, steps=tuple(steps)), traced, model, "float32", template)
 
 
-def test_a_family_without_a_plan_is_traced_whole():
+def test_a_model_without_a_plan_is_traced_whole():
     realformer = make_example(RealFormerConfig(vocab_size=31, d_model=16, n_layers=2, n_heads=2, d_ff=24,
-                                               max_seq_len=16))
+                                               max_seq_len=16, running_mean=True))
     assert plan_of(realformer, with_past=False, fuse_norm=False) is None
 
 

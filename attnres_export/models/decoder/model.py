@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from attnres_export.models.attnres_lm import RMSNorm
+from attnres_export.models.base import ExportPlan
 from attnres_export.models.decoder.attention import GroupedQueryAttention, LatentAttention
 from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.mlp import feed_forward
@@ -222,6 +223,12 @@ class DecoderLM(nn.Module):
     def fused_node_count(self) -> int:
         """attnres nodes an export holds: one AttnResAggregate (or AttnResAggregateNorm) per aggregation."""
         return self.aggregation_count()
+
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False) -> ExportPlan:
+        """The model as the exporter assembles it: ``decoder/plan.py``."""
+        from attnres_export.models.decoder.plan import decoder_plan
+
+        return decoder_plan(self, with_past, fuse_norm)
 
 
 def _tie_again(model: DecoderLM, _incompatible) -> None:

@@ -127,6 +127,12 @@ class KimiLinearLM(DecoderLM):
 
         return KimiLinearWithPast(self)
 
+    def export_plan(self, with_past: bool = False, fuse_norm: bool = False):
+        """The model as the exporter assembles it: ``kimi/plan.py``."""
+        from attnres_export.models.kimi.plan import kimi_plan
+
+        return kimi_plan(self, with_past, fuse_norm)
+
     def _kimi_logits(self, input_ids: torch.Tensor, allowed: torch.Tensor, step: StateStep | None) -> torch.Tensor:
         def attention(layer: KimiLinearLayer, x: torch.Tensor) -> torch.Tensor:
             past = None if step is None else step.layer_past(layer.state_tensors)

@@ -1,0 +1,63 @@
+"""``kimi-linear`` assembled from its export plan (``models/kimi/plan.py``) is the same model as its whole-model
+trace: KDA layers (one ``KimiDeltaAttention`` node each, named as the whole-model trace names it) and NoPE latent
+attention, dense and MoE feed-forwards, K3 AttnRes and standard residuals, plain and with-past graphs (the
+recurrent and convolution states in and out) (tests/exporter/assembled_compare.py). ``attnres inspect`` reads the
+same of both files (``summarize``: inputs, outputs, dims, opsets, target, attnres nodes, export metadata).
+
+bfloat16 is left out: the example bodies have MoE layers, and neither export of a bfloat16 MoE body loads in ONNX
+Runtime 1.32 (docs/exporter-notes.md#assembled-export)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from attnres_export.exporter.assemble import plan_of
+from attnres_export.models import load_checkpoint
+from attnres_export.models.base import PlanAggregate
+from attnres_export.models.registry import architecture
+from tests.exporter.assembled_compare import Case, assert_same_model
+
+FOLDERS = {"k3": (2, 4), "k3-block1": (1, 4), "standard": (None, 4)}
+"""name -> (attn_res_block_size or None for standard residuals, layers): KDA, KDA, KDA, latent attention."""
+
+SLOW = [
+    (Case("k3"), 6),
+    (Case("k3", "float16", target="portable"), 6),
+    (Case("k3-block1", "float32", with_past=True), 6),
+    (Case("k3-block1", "float16", with_past=True, fuse_norm=True), 7),
+    (Case("standard", "float16", with_past=True), 6),
+]
+"""(case, kinds of piece traced): embedding, KDA, latent attention, dense and MoE feed-forwards, head, and with
+``fuse_norm`` the PreNorm-less kinds (layer 0's KDA keeps its PreNorm)."""
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("assembled_kimi")
+    arch = architecture("kimi-linear")
+    return {name: arch.write_example_folder("kimi_linear", root / name, 30 + i, block, layers)[0]
+            for i, (name, (block, layers)) in enumerate(FOLDERS.items())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "kinds"), SLOW, ids=lambda c: c.id() if isinstance(c, Case) else str(c))
+def test_assembled_kimi_linear_is_the_whole_model_trace(folders, tmp_path, case, kinds):
+    assert_same_model(folders[case.model], tmp_path, case, kinds)
+
+
+def test_the_kimi_k3_with_past_plan_carries_every_state_and_one_aggregation_per_site(tmp_path):
+    folder, _, _ = architecture("kimi-linear").write_example_folder("kimi_linear", tmp_path / "f", 1, 2, 4)
+    model, _ = load_checkpoint(folder)
+    plan = plan_of(model, with_past=True, fuse_norm=False)
+    assert Counter(piece.kind for piece in plan.pieces()) == {"embedding": 1, "kda": 3, "latent-attention": 1,
+                                                              "mlp": 1, "moe": 3, "head": 1}
+    assert sum(isinstance(step, PlanAggregate) for step in plan.steps) == model.aggregation_count() == 8
+    cache = model.with_past().cache_inputs()
+    read = {name for piece in plan.pieces() for name in piece.inputs}
+    made = {name for piece in plan.pieces() for name in piece.outputs}
+    assert {c.name for c in cache} <= read and {c.present for c in cache} <= made
+    kda = next(piece for piece in plan.pieces() if piece.kind == "kda")
+    assert [value.dtype for value in kda.signature[2:]] == ["float32", "model", "model", "model"]
