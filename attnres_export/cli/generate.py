@@ -19,7 +19,9 @@ MAX_TOKENIZER_BYTES = 128 << 20
 
 @command(app)
 def generate(
-    model: Annotated[Path, typer.Argument(help="attnres-lm checkpoint (.pt or checkpoint folder).")],
+    model: Annotated[Path, typer.Argument(
+        help="Checkpoint of a family that generates text (.pt or folder: attnres-lm, Llama, Qwen, DeepSeek-V3, "
+             "Kimi Linear).")],
     ids: Annotated[str | None, typer.Option(help="Prompt token ids, comma-separated, e.g. 1,2,3.")] = None,
     prompt: Annotated[str | None, typer.Option(
         help="Prompt text, encoded by the tokenizer.json beside MODEL (Hugging Face tokenizers).")] = None,

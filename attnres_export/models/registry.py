@@ -47,6 +47,9 @@ class Architecture:
     hf_reader: str = ""
     """``module:function`` turning a Hugging Face folder's ``(config.json dict, tensors, where)`` into ``(our
     config dict, state_dict)`` for the checkpoint loader; needed when ``hf_model_types`` is not empty."""
+    hf_config: str = ""
+    """``module:callable`` turning a Hugging Face ``(config.json dict, where)`` into the family config, without
+    weights (cache sizes of a published config: ``models/cache_size.py``); needed with ``hf_reader``."""
     example_folder: str = ""
     """``module:function`` writing a tiny random folder of one of ``hf_model_types`` (``attnres example``)."""
     aliases: tuple[str, ...] = field(default=())
@@ -59,6 +62,9 @@ class Architecture:
 
     def read_hf(self, config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
         return _resolve(self.hf_reader)(config, tensors, where)
+
+    def read_hf_config(self, config: dict, where: str) -> Any:
+        return _resolve(self.hf_config)(config, where)
 
     def write_example_folder(self, hf_type: str, out_dir: Any, seed: int, block_size: int | None,
                              layers: int | None) -> tuple[Any, dict, int]:
@@ -97,6 +103,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                                       generates_text=True),
             hf_model_types=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
             hf_reader="attnres_export.models.decoder.folder:read_hf",
+            hf_config="attnres_export.models.decoder.hf_config:parse_hf_config",
             example_folder="attnres_export.models.decoder.example:write_example_folder",
         ),
         Architecture(
@@ -110,6 +117,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             hf_model_types=("kimi_linear", "kimi_k3"),
             hf_architecture="KimiLinearForCausalLM",
             hf_reader="attnres_export.models.kimi.folder:read_hf",
+            hf_config="attnres_export.models.kimi.lm_config:KimiLinearConfig.from_hf",
             example_folder="attnres_export.models.kimi.example:write_example_folder",
         ),
     )
@@ -118,7 +126,10 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 def _resolve(target: str) -> Any:
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def architecture(name: str) -> Architecture:

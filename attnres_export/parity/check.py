@@ -35,7 +35,8 @@ PLAIN_DIMS = ("batch", "seq")
 PAST_DIMS = ("batch", "seq", "past")
 CONFIG_KEYS = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "d_ff", "residual",
                "block_size", "max_seq_len")
-"""What an export's metadata may record of the model it came from, compared with the checkpoint's."""
+"""What an export's metadata may record of the model it came from, compared with the checkpoint's where its
+family's config has the key (a decoder-lm config has no ``residual``, a kimi-linear one no ``head_dim``)."""
 
 
 @dataclass
@@ -179,10 +180,10 @@ def refuse_other_model(artifact: Artifact, model, checkpoint: Path) -> None:
     """One line when ``artifact`` was not exported from ``model``: a recorded config that differs, a with-past
     graph for a model without a KV cache, or inputs the model is not fed with."""
     cfg = model.config
-    ours = cfg.to_dict() | {"head_dim": cfg.head_dim}
+    ours = {key: getattr(cfg, key) for key in CONFIG_KEYS if hasattr(cfg, key)}
     theirs = {**{k: artifact.recorded[k] for k in CONFIG_KEYS if k in artifact.recorded},
               **artifact.recorded.get("config", {})}
-    differ = [key for key in CONFIG_KEYS if key in theirs and theirs[key] != ours[key]]
+    differ = [key for key in CONFIG_KEYS if key in theirs and key in ours and theirs[key] != ours[key]]
     if differ:
         shown = differ[:3]
         raise ParityError(f"{artifact.name} was exported from another model ({_spell(theirs, shown)}; "

@@ -4,7 +4,8 @@
 ``server``: ``attnres serve``, the supervisor of a PyTriton server whose model instances run our runners;
 ``front``: its public ports, which check every request (``limits``: what a request may hold, from the export;
 ``wire``: the KServe HTTP and gRPC request formats) and answer readiness; ``backend``: the Triton server on
-loopback ports and the watch on its processes (``handshake``: a longer PyTriton instance handshake);
+loopback ports and the watch on its processes (``proxy_patches``: a longer PyTriton instance
+handshake, zero-size tensors through its tensor store);
 ``workspace``: the server's files and the guard that removes them however it ends;
 ``repository``: ``attnres triton-repo``, a model repository for a stock Triton server, checked against Triton's
 own config schema. PyTriton, tritonclient and aiohttp are the optional ``serve`` extra, imported only when used

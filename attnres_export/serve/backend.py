@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnres_export.serve.dependencies import ServeError, require, server_environment
-from attnres_export.serve.handshake import make_handshake_patient
+from attnres_export.serve.proxy_patches import patch_proxy
 from attnres_export.serve.wire import one_line
 
 STUB = "triton_python_backend_stub"
@@ -151,7 +151,8 @@ class TritonBackend:
         triton_module = require("pytriton.triton", "attnres serve")
         model_config = require("pytriton.model_config", "attnres serve")
         http = require("tritonclient.http", "attnres serve")
-        make_handshake_patient(require("pytriton.models.model", "attnres serve").Model)
+        patch_proxy(require("pytriton.models.model", "attnres serve").Model,
+                    require("pytriton.proxy.data", "attnres serve").TensorStore)
         ports = loopback_ports(3)
         self._bind(triton_module, model_config, ports)
         # The Python-backend stub links libpython3.X: this interpreter's must come first (server_environment).

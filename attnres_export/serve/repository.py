@@ -4,7 +4,8 @@
   optimization profile; its plugin library is copied to ``plugins/`` in the model folder and loaded through the
   TensorRT backend's ``plugins`` option, unless it is embedded in a version-compatible engine;
 - a ``portable`` ONNX (standard ops only) becomes an ``onnxruntime`` model (``1/model.onnx``). A ``tensorrt``
-  target ONNX is refused: a stock ONNX Runtime has no attnres ops.
+  target ONNX is refused: a stock ONNX Runtime has no attnres ops; an onnxruntime-genai folder's graph too
+  (contrib.py).
 
 Every ``config.pbtxt`` is parsed back into Triton's own ``ModelConfig`` message (tritonclient's
 ``model_config_pb2``) and checked before anything is written; the model folder is built beside the repository
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnres_export.atomic import temporary_dir_beside
+from attnres_export.serve.contrib import refuse_length_only_attention
 from attnres_export.serve.dependencies import ServeError, model_config_pb2
 from attnres_export.serve.signature import Signature, TensorSpec, engine_signature, is_engine, onnx_signature
 
@@ -144,6 +146,7 @@ def _onnx_model(options: RepoOptions, name: str, staging: Path) -> tuple[str, Si
     from attnres_export.graphs.load import load_onnx
 
     model = load_onnx(Path(options.artifact), load_external_data=False)
+    refuse_length_only_attention(model, options.artifact)
     custom = sorted({n.domain for n in model.graph.node if n.domain in CUSTOM_DOMAINS})
     if custom:
         count = sum(1 for n in model.graph.node if n.domain in CUSTOM_DOMAINS)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnres_export.serve.backend import TritonBackend
+from attnres_export.serve.contrib import refuse_length_only_attention
 from attnres_export.serve.dependencies import ServeError, require
 from attnres_export.serve.front import Front, FrontState
 from attnres_export.serve.limits import RequestLimits, engine_limits, onnx_limits
@@ -155,6 +156,7 @@ def prepare_model(options: ServeOptions) -> ServedModel:
     from attnres_export.graphs.load import load_onnx
 
     model = load_onnx(Path(options.artifact))
+    refuse_length_only_attention(model, options.artifact)
     check_instances(options.instances, model.ByteSize())
     signature = onnx_signature(model).with_max_batch(options.max_batch)
     limits = onnx_limits(name, model, signature)

@@ -59,3 +59,38 @@ def with_past_onnx(vocab: int = 5, max_seq_len: int = 16) -> onnx.ModelProto:
     helper.set_model_props(model, {EXPORT_KEY: json.dumps(info)})
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def cache_graph(path: Path, cache: list, dtype: str, vocab: int = 8, max_seq_len: int = 16,
+                batch: tuple[int, int, int] = (1, 2, 4)) -> Path:
+    """A graph with the inputs, outputs and export metadata a ``--with-past`` export of a model whose
+    ``cache_inputs()`` is ``cache`` (``models/base.py:CacheInput``) has in ``dtype``: ids, mask and positions, each
+    state in and out (``past`` grows to ``total`` in the presents), ``logits``; each present is its past (the
+    serving side reads the signature and metadata, not the computation). Writes it to ``path``."""
+    from attnres_export.models.base import step_input_axes, step_output_names
+
+    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+    axes = step_input_axes(cache)
+    held = {c.name: elem[dtype if c.dtype == "model" else c.dtype] for c in cache}
+    inputs = [helper.make_tensor_value_info(name, held.get(name, TensorProto.INT64), list(labels))
+              for name, labels in axes.items()]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])]
+    outputs += [helper.make_tensor_value_info(c.present, held[c.name],
+                                              ["total" if a == "past" else a for a in c.axes]) for c in cache]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [vocab], [1.0] * vocab)
+    unsqueeze = helper.make_tensor("axes", TensorProto.INT64, [1], [-1])
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["ids_f", "axes"], ["ids_u"]),
+             helper.make_node("Mul", ["ids_u", "scale"], ["logits"])]
+    nodes += [helper.make_node("Identity", [c.name], [c.present]) for c in cache]
+    assert step_output_names(cache) == [o.name for o in outputs]
+    model = helper.make_model(helper.make_graph(nodes, "cache", inputs, outputs, [scale, unsqueeze]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    dims = {"batch": list(batch), "seq": [1, 1, max_seq_len], "past": [0, 3, max_seq_len - 1],
+            "total": [1, 4, max_seq_len]}
+    info = {"dtype": dtype, "target": "portable", "with_past": True, "vocab_size": vocab, "max_seq_len": max_seq_len,
+            "dims": dims, "inputs": {name: list(labels) for name, labels in axes.items()}}
+    helper.set_model_props(model, {EXPORT_KEY: json.dumps(info)})
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

@@ -182,15 +182,41 @@ def test_triton_repo_without_tritonclient_is_one_line_naming_the_extra(monkeypat
 @NEEDS_SERVER
 def test_the_proxy_files_triton_loads_wait_60_s_for_the_first_instances_handshake():
     from pytriton.models.model import Model
+    from pytriton.proxy.data import TensorStore
 
-    from attnres_export.serve.handshake import ONE_SECOND, PATIENT, make_handshake_patient
+    from attnres_export.serve.proxy_patches import ONE_SECOND, PATIENT, patch_proxy
 
-    make_handshake_patient(Model)
-    make_handshake_patient(Model)  # once only
+    patch_proxy(Model, TensorStore)
+    patch_proxy(Model, TensorStore)  # once only
     model = SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
     files = Model.get_proxy_model_files(model)
     assert PATIENT in files["file:1/communication.py"] and ONE_SECOND not in files["file:1/communication.py"]
     original = Model.get_proxy_model_files.__wrapped__(model)
     assert ONE_SECOND in original["file:1/communication.py"]
-    assert {k: v for k, v in files.items() if "communication" not in k} == {
-        k: v for k, v in original.items() if "communication" not in k}
+    assert {k: v for k, v in files.items() if not k.endswith(("communication.py", "data.py"))} == {
+        k: v for k, v in original.items() if not k.endswith(("communication.py", "data.py"))}
+
+
+@NEEDS_SERVER
+def test_the_tensor_store_copies_a_zero_size_tensor_on_both_sides_of_triton():
+    """The empty past of a with-past graph's first step: PyTriton's ``memoryview.cast`` refuses it unpatched."""
+    from pytriton.models.model import Model
+    from pytriton.proxy.data import (
+        TensorStore,
+        deserialize_numpy_with_struct_header,
+        serialize_numpy_with_struct_header,
+    )
+
+    from attnres_export.serve.proxy_patches import EMPTY_FRAME_CAST, ZERO_SIZE_CAST, patch_proxy
+
+    patch_proxy(Model, TensorStore)
+    empty = np.zeros((2, 4, 0, 8), dtype=np.float16)
+    shm = SimpleNamespace(buf=memoryview(bytearray(256)))
+    with pytest.raises(TypeError, match="zeros in shape"):
+        TensorStore._copy_frames.__wrapped__(None, serialize_numpy_with_struct_header(empty), shm, 0)
+    written = TensorStore._copy_frames(None, serialize_numpy_with_struct_header(empty), shm, 0)
+    frames = TensorStore._handle_frames(None, shm, 0)
+    assert written > 0 and deserialize_numpy_with_struct_header(frames).shape == empty.shape
+    model = SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
+    stub_side = Model.get_proxy_model_files(model)["file:1/data.py"]
+    assert EMPTY_FRAME_CAST in stub_side and ZERO_SIZE_CAST not in stub_side

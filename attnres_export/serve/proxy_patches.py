@@ -1,0 +1,63 @@
+"""Two fixes to the proxy PyTriton runs on both sides of Triton's Python backend: in the files it sends Triton
+(``Model.get_proxy_model_files``) and in its tensor store in this process (``TensorStore``).
+
+- **A longer handshake wait.** PyTriton's Python-backend proxy (0.7.0, and the releases before it) has every model
+  instance after the first wait 1 s for the first instance's handshake socket (``get_config_from_handshake_server``,
+  ``timeout_s=1.0``); the first instance makes that socket only after it has spawned its tensor-store process, a
+  fresh Python interpreter. On a loaded machine that takes longer, and the model fails to load: measured, five
+  starts of ``attnres serve --instances 2`` failed in a row at load average 10 on two cores. The copies Triton
+  loads get a 60 s wait instead.
+- **Zero-size tensors.** The tensor store copies each tensor into shared memory through ``memoryview.cast("B")``,
+  which raises "cannot cast view with zeros in shape or strides" for a tensor with a zero dim: the empty past of
+  a with-past graph's first step (prefill), so no generation could start through ``attnres serve``. An empty
+  frame is copied as ``b""`` instead (nothing to copy; the header keeps its shape).
+
+The texts are matched exactly, so a PyTriton whose proxy reads differently is left alone (the supervisor's start
+retries remain; a zero-size request then fails as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+
+FILE_PATCHES: dict[str, tuple[tuple[bytes, bytes], ...]] = {
+    "communication.py": ((
+        b"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0) -> dict:",
+        b"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 60.0) -> dict:"),),
+    "data.py": ((
+        b'shm.buf[offset + total_size : offset + total_size + frame.nbytes] = frame.cast("B")\n',
+        b'shm.buf[offset + total_size : offset + total_size + frame.nbytes] = frame.cast("B") if frame.nbytes '
+        b'else b""\n'),),
+}
+"""Per proxy file, the exact texts replaced and their replacements."""
+ONE_SECOND, PATIENT = FILE_PATCHES["communication.py"][0]
+ZERO_SIZE_CAST, EMPTY_FRAME_CAST = FILE_PATCHES["data.py"][0]
+
+
+def patched_files(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` (PyTriton's ``{"file:VERSION/NAME": content}``) with every patch of ``FILE_PATCHES`` applied."""
+    patched = {}
+    for key, content in files.items():
+        for old, new in FILE_PATCHES.get(key.rsplit("/", 1)[-1], ()):
+            content = content.replace(old, new)
+        patched[key] = content
+    return patched
+
+
+def _once(owner: type, name: str, wrap: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, "attnres_patched", False):
+        return
+    patched = wraps(original)(wrap(original))
+    patched.attnres_patched = True
+    setattr(owner, name, patched)
+
+
+def patch_proxy(model_class: type, tensor_store_class: type) -> None:
+    """Patch PyTriton's ``Model`` (the files Triton loads) and ``TensorStore`` (this process's side), once."""
+    _once(model_class, "get_proxy_model_files",
+          lambda original: lambda self: patched_files(original(self)))
+    _once(tensor_store_class, "_copy_frames",
+          lambda original: lambda self, frames, shm, offset: original(
+              self, [frame if memoryview(frame).nbytes else b"" for frame in frames], shm, offset))
