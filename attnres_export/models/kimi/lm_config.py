@@ -46,7 +46,9 @@ MXFP4_FORMAT = "mxfp4-pack-quantized"
 KDA_KEYS = frozenset({"linear_attn_config", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
                       "layer_types"})
 DERIVED = ("head_dim", "qk_head_dim")
-"""Keys transformers derives (``qk_rope_head_dim``, ``qk_nope + qk_rope``) and saves; a stored value must agree."""
+"""Keys ``KimiLinearConfig.__post_init__`` overwrites on load with ``qk_rope_head_dim`` and ``qk_nope + qk_rope``,
+whatever config.json stores (Moonshot's published Kimi-Linear-48B-A3B config stores ``head_dim`` 72, its hidden size
+over its heads): read as transformers reads them, so no stored value changes what is computed."""
 INERT_VALUES = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid", "use_grouped_topk": True,
                 "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "topk_method": "noaux_tc"}
 """Keys of Moonshot's own config.json that transformers ignores, accepted only with the value that means what
@@ -238,11 +240,6 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < float("inf"):
         raise CheckpointError(f"rms_norm_eps must be a finite number >= 0, got {eps!r}")
     out["rms_norm_eps"] = float(eps)
-    for key, want in (("head_dim", out["qk_rope_head_dim"]),
-                      ("qk_head_dim", out["qk_nope_head_dim"] + out["qk_rope_head_dim"])):
-        if values.get(key) is not None and values[key] != want:
-            raise CheckpointError(f"{key} {values[key]!r} disagrees with the {want} transformers derives from the "
-                                  "latent attention sizes")
     out["kda"] = KdaConfig.from_hf({**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}})
     out["mlp_layer_types"] = _mlp_layer_types(values.get("mlp_layer_types"), whole("first_k_dense_replace", 0),
                                               layers)

@@ -37,9 +37,11 @@ def test_logits_match_transformers_kimi_linear(pair, shape):
 
 
 @pytest.mark.parametrize("overrides", [{"q_lora_rank": 16}, {"norm_topk_prob": False, "n_group": 1, "topk_group": 1},
-                                       {"tie_word_embeddings": True}])
+                                       {"tie_word_embeddings": True}, {"head_dim": 72}])
 @torch.inference_mode()
-def test_query_lora_unnormalised_routing_and_the_never_tied_head_match_transformers(tmp_path, overrides):
+def test_query_lora_unnormalised_routing_never_tied_head_and_a_stored_head_dim_match_transformers(tmp_path, overrides):
+    """``head_dim`` 72 as Moonshot's Kimi-Linear-48B-A3B config.json stores it (its hidden size over its heads):
+    transformers' layers never read it, so the folder computes what transformers computes."""
     reference = hf_model(seed=1, **overrides)
     folder, _ = folder_of(reference, tmp_path / "f")
     ours, _ = load_checkpoint(folder)
@@ -115,7 +117,6 @@ def test_saved_spellings_are_read_as_transformers_attribute_map_reads_them():
     ({"sliding_window": 8}, "config key sliding_window not implemented"),
     ({"num_key_value_heads": 1}, "num_key_value_heads 1 != num_attention_heads 2"),
     ({"mla_use_nope": False}, "mla_use_nope = False is not implemented"),
-    ({"head_dim": 7}, "head_dim 7 disagrees"),
     ({"mlp_layer_types": ["dense"]}, "mlp_layer_types must list 4 values"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
     ({"moe_renormalize": False, "norm_topk_prob": True}, "moe_renormalize and norm_topk_prob are both given"),
