@@ -33,14 +33,27 @@ def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
     del proxy.functions[:]
     inferred = onnx.shape_inference.infer_shapes(proxy, data_prop=False)
     infos: dict[str, ValueInfo] = {}
-    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.elem_type:
-            shape = tuple(d.dim_value or None for d in tensor.shape.dim) if tensor.HasField("shape") else None
-            infos[value.name] = ValueInfo(tensor.elem_type, shape)
-    for init in model.graph.initializer:
-        infos[init.name] = ValueInfo(init.data_type, tuple(init.dims))
+    for graph in _graphs(inferred.graph):
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            tensor = value.type.tensor_type
+            if value.type.HasField("tensor_type") and tensor.elem_type:
+                shape = tuple(d.dim_value or None for d in tensor.shape.dim) if tensor.HasField("shape") else None
+                infos.setdefault(value.name, ValueInfo(tensor.elem_type, shape))
+    for graph in _graphs(model.graph):
+        for init in graph.initializer:
+            infos[init.name] = ValueInfo(init.data_type, tuple(init.dims))
     return infos
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every subgraph of its control-flow nodes (``If`` branches, ``Loop``/``Scan`` bodies), nested
+    ones included: their values are typed by the same inference."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                found.extend(_graphs(sub))
+    return found
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, int]:

@@ -32,11 +32,14 @@ def has_bfloat16(model: onnx.ModelProto) -> bool:
 
 
 def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float32 copy of ``model`` that rounds every computed bfloat16 value (see module doc)."""
-    types = value_types(model)
+    """A float32 copy of ``model`` that rounds every computed bfloat16 value (see module doc), inside the
+    subgraphs of control-flow nodes too (the expert ``If``/``Loop`` of a mixture of experts)."""
     out = copy_model(model)
-    graph = out.graph
-    fresh = unique_namer(graph, "bf16emu")
+    _emulate_graph(out.graph, value_types(model), unique_namer(out.graph, "bf16emu"))
+    return out
+
+
+def _emulate_graph(graph: onnx.GraphProto, types: dict[str, int], fresh) -> None:
     for init in graph.initializer:
         if init.data_type == BF16:
             init.CopyFrom(_as_float32(init))
@@ -46,6 +49,9 @@ def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         _retype_attributes(node)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                _emulate_graph(sub, types, fresh)
         bf16_outputs = [o for o in node.output if o and types.get(o) == BF16]
         if not bf16_outputs or node.op_type in VALUE_PRESERVING or node.op_type == "Constant":
             nodes.append(node)
@@ -60,7 +66,6 @@ def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(oh.make_node("Cast", [raw], [rounded], to=BF16))
             nodes.append(oh.make_node("Cast", [rounded], [original], to=F32))
     replace_nodes(graph, nodes)
-    return out
 
 
 def _retype_attributes(node: onnx.NodeProto) -> None:
