@@ -66,13 +66,14 @@ def export(
     vocab: Vocab = None,
     strict: Strict = False,
     with_past: Annotated[bool, typer.Option(
-        "--with-past", help="attnres-lm: export the KV-cache graph (past_key_values in, presents out; docs/decode.md)."
+        "--with-past", help="Decoder checkpoints and folders: export the one-step graph with its cache "
+                            "(past_key_values in, presents out; docs/decode.md)."
     )] = False,
     past: Annotated[DimRange | None, range_option(
         "With --with-past: past length range, MIN may be 0 [0:63:max_seq_len-1].", low=0)] = None,
     fuse_norm: Annotated[bool, typer.Option(
-        "--fuse-norm", help="attnres-lm: one AttnResAggregateNorm node per aggregation and the RMSNorm after it "
-                            "(its TensorRT kernel is not yet verified on a GPU).")] = False,
+        "--fuse-norm", help="Models with depth aggregations: one AttnResAggregateNorm node per aggregation "
+                            "and the RMSNorm after it (its TensorRT kernel is not yet verified on a GPU).")] = False,
     genai: Annotated[Path | None, typer.Option(
         "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
                         "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
