@@ -115,6 +115,7 @@ def _assert_same_model(checkpoints, tmp_path, case: Case) -> None:
                                            atol=4 * np.finfo(np.float32).eps * scale, err_msg=name)
 
 
+@pytest.mark.slow
 def test_assembled_export_is_the_whole_model_trace_block_float32(checkpoints, tmp_path):
     _assert_same_model(checkpoints, tmp_path, FAST)
 
