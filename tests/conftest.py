@@ -30,6 +30,20 @@ def block2_checkpoint(checkpoint_dir) -> Path:
     return write_checkpoint(checkpoint_dir / "block2.pt", n_layers=2, block_size=2)
 
 
+@pytest.fixture(scope="session")
+def exported_onnx(block2_checkpoint, tmp_path_factory) -> Path:
+    """A float16 --target tensorrt export with five AttnResAggregate nodes, batch 1:2:4, seq 1:16:64: made once per
+    run and shared by the tests that only read an export (fake TensorRT builds, target conversion)."""
+    from attnres_export.dims import DimRange
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.options import ExportOptions
+
+    out = tmp_path_factory.mktemp("fake-trt") / "m.float16.tensorrt.onnx"
+    export_checkpoint(ExportOptions(block2_checkpoint, out, dtype="float16", batch=DimRange(1, 2, 4),
+                                    seq=DimRange(1, 16, 64), check=False))
+    return out
+
+
 def slow_after(values, fast: int = 1) -> list:
     """Parameters for a matrix whose first ``fast`` cases run in the fast loop and the rest are marked slow
     (a tuple is one case of several parameters)."""

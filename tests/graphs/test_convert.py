@@ -15,8 +15,11 @@ from attnres_export.graphs.targets import convert, detect_target
 from attnres_export.ops.opset import ORT_TRT_DOMAIN
 
 
-@pytest.fixture(scope="module", params=["float32", pytest.param("float16", marks=pytest.mark.slow)])
-def exported(request, block2_checkpoint, tmp_path_factory) -> onnx.ModelProto:
+@pytest.fixture(scope="module", params=["float16", pytest.param("float32", marks=pytest.mark.slow)])
+def exported(request, block2_checkpoint, exported_onnx, tmp_path_factory) -> onnx.ModelProto:
+    """The run's shared float16 export, or a float32 one of the same checkpoint."""
+    if request.param == "float16":
+        return onnx.load(str(exported_onnx))
     out = tmp_path_factory.mktemp("convert") / f"m_{request.param}.onnx"
     export_checkpoint(ExportOptions(block2_checkpoint, out, dtype=request.param, check=False))
     return onnx.load(str(out))

@@ -68,6 +68,7 @@ def test_another_models_onnx_is_refused_in_one_line_naming_what_differs(artifact
     assert "tiny.tensorrt.onnx was exported from another model (n_layers 1; other.pt has n_layers 2)" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_realformer_checkpoint_with_an_attnres_file_without_recorded_config_names_the_inputs(artifacts, tmp_path):
     stripped = without_recorded_config(artifacts.tensorrt, tmp_path / "old.onnx")
     realformer = checkpoint(tmp_path / "rf.pt", arch="realformer")

@@ -13,6 +13,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from attnres_export.backends.tensorrt import plugin_library
+from tests.conftest import slow_after
 
 FAKE_ROOT = Path(__file__).parent / "fake_tensorrt"
 FAKE_VERSIONS = ("10.3.0", "10.16.0", "11.1.0")
@@ -20,7 +21,7 @@ ATTNRES_CREATORS = [("AttnResAggregate", "1", "attnres"), ("AttnResAggregateNorm
                     ("ResidualScoreAttention", "1", "attnres")]
 
 
-@pytest.fixture(params=FAKE_VERSIONS)
+@pytest.fixture(params=slow_after(FAKE_VERSIONS))
 def fake_trt(request, monkeypatch) -> ModuleType:
     """A fresh fake ``tensorrt`` (empty plugin registry) of one version: in sys.modules for this process, on
     PYTHONPATH with ATTNRES_FAKE_TENSORRT for subprocesses; ctypes loading of plugin libraries goes through it."""
@@ -57,16 +58,3 @@ def gpu_visible(monkeypatch) -> None:
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-
-
-@pytest.fixture(scope="session")
-def exported_onnx(block2_checkpoint, tmp_path_factory) -> Path:
-    """A float16 --target tensorrt export with five AttnResAggregate nodes, batch 1:2:4, seq 1:16:64."""
-    from attnres_export.dims import DimRange
-    from attnres_export.exporter.checkpoint import export_checkpoint
-    from attnres_export.exporter.options import ExportOptions
-
-    out = tmp_path_factory.mktemp("fake-trt") / "m.float16.tensorrt.onnx"
-    export_checkpoint(ExportOptions(block2_checkpoint, out, dtype="float16", batch=DimRange(1, 2, 4),
-                                    seq=DimRange(1, 16, 64), check=False))
-    return out

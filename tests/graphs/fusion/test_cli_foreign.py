@@ -138,6 +138,7 @@ def test_pt2_exports_in_half_precision_fusing_every_aggregation_at_the_dtypes_ba
     assert elem in {i.data_type for i in onnx.load(str(out)).graph.initializer}
 
 
+@pytest.mark.slow
 def test_an_onnx_runtime_crash_on_a_foreign_model_is_one_line(tmp_path, monkeypatch):
     """A segfault inside ONNX Runtime must not end our process: the first run happens in a child process, whose
     death by a signal becomes one line (simulated: the child is reported killed by SIGSEGV)."""

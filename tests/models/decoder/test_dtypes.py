@@ -25,7 +25,7 @@ BARS = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 CASES = [("llama", None), ("deepseek_v3", 2), ("deepseek_v3", None), ("qwen3", 1)]
 
 
-@pytest.fixture(params=slow_after([(case,) for case in CASES], fast=2), ids=lambda c: f"{c[0]}-attnres{c[1]}")
+@pytest.fixture(params=slow_after([(case,) for case in CASES]), ids=lambda c: f"{c[0]}-attnres{c[1]}")
 def folder(request, tmp_path):
     family, block = request.param
     reference = hf_model(family, seed=21, initializer_range=0.05)

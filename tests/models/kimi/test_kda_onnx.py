@@ -79,6 +79,7 @@ def test_the_tensorrt_target_holds_one_fused_node_and_portable_none(exported) ->
     assert batch and seq and batch != seq
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["tensorrt", "portable"])
 @pytest.mark.parametrize(("batch", "tokens"), [(1, 1), (3, 7), (2, 70)])
 def test_onnx_from_zero_state_matches_transformers(exported, target: str, batch: int, tokens: int) -> None:
@@ -96,6 +97,7 @@ def test_onnx_from_zero_state_matches_transformers(exported, target: str, batch:
         assert rel_l2(got[f"{name}_out"], value) < 1e-5, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["tensorrt", "portable"])
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_onnx_continuing_from_transformers_cache_matches_transformers(exported, target: str, tokens: int) -> None:
