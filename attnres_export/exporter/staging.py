@@ -3,8 +3,12 @@
 A multi-GB model cannot be held several times over (docs/benchmarks.md, "CPU: export memory"): the traced model's
 weights stream once to an external-data file in the folder, and everything after the trace (metadata, target
 conversion, validation, the parity run) works on the graph without its weights. ``publish`` moves the result
-into place, inlining the weights when the model is small enough for one file; an interrupted run leaves only
-the private folder, which the next run to the same path removes.
+into place; an interrupted run leaves only the private folder, which the next run to the same path removes.
+
+A model small enough for one file has its weights written once, in their final place: the data file is laid out
+as the start of the one-file model (``_write_framed``), each tensor's bytes wrapped in the protobuf framing of a
+``graph.initializer`` and referenced by the staged graph at its offset, so that publishing appends the weightless
+graph and renames the file (docs/exporter-notes.md#weights-io). A larger model's data file is page-aligned.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import onnx
 import onnx_ir as ir
 
 from attnres_export.atomic import atomic_write, default_file_mode, refuse_non_regular
+from attnres_export.errors import ExportError
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
 from attnres_export.graphs.save import check_written
 from attnres_export.graphs.schemas import register_schemas
+from attnres_export.models.threads import single_threaded
 
 IN_FLIGHT_BYTES = 64 << 20
 """At most this much tensor data is being written at once."""
@@ -31,11 +37,21 @@ class Stage:
     def __init__(self, folder: Path, name: str) -> None:
         self.path = Path(folder) / name
         self.data_name = name + ".data"
+        self.framed = False
+        """Is the data file the start of the one-file model (``_write_framed``)?"""
 
     def write_traced(self, model: ir.Model) -> onnx.ModelProto:
         """Write the traced ``model`` with every initializer in the data file; return its graph, weightless."""
-        ir.save(model, self.path, external_data=self.data_name, size_threshold_bytes=1024, alignment=ALIGNMENT,
-                align_threshold=ALIGNMENT, max_workers=1, max_in_flight_bytes=IN_FLIGHT_BYTES)
+        data = self.path.parent / self.data_name
+        with single_threaded():
+            if fits_in_one_file(_framed_size(_main_initializers(model))):
+                _write_framed(model, data)
+                self.framed = True
+                ir.save(model, self.path)
+            else:
+                ir.save(model, self.path, external_data=self.data_name, size_threshold_bytes=EXTERNAL_BYTES,
+                        alignment=ALIGNMENT, align_threshold=ALIGNMENT, max_workers=1,
+                        max_in_flight_bytes=IN_FLIGHT_BYTES)
         return onnx.load(str(self.path), load_external_data=False)
 
     def write_graph(self, graph: onnx.ModelProto) -> None:
@@ -50,8 +66,14 @@ class Stage:
         data = self.path.parent / self.data_name
         if fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
             check_written(self.path, target.name)
-            with atomic_write(target) as tmp:
-                _write_inline(onnx.load(str(self.path), load_external_data=False), data, tmp)
+            graph = onnx.load(str(self.path), load_external_data=False)
+            if self.framed:
+                _append_graph(graph, data)
+                os.chmod(data, default_file_mode())
+                os.replace(data, target)
+            else:
+                with atomic_write(target) as tmp:
+                    _write_inline(graph, data, tmp)
             return [target]
         target_data = target.parent / (target.name + ".data")
         refuse_non_regular(target_data, "external data file")
@@ -75,6 +97,63 @@ def _relocate(graph: onnx.ModelProto, old: str, new: str) -> None:
         for entry in init.external_data:
             if entry.key == "location" and entry.value == old:
                 entry.value = new
+
+
+EXTERNAL_BYTES = 1024
+"""Initializers of at least this many bytes go to the data file; smaller ones stay in the graph."""
+
+
+def _main_initializers(model: ir.Model) -> list[ir.Value]:
+    """The main graph's initializers that go to the data file (a subgraph's stay in its graph: the one-file layout
+    can only append to the main graph's initializer list)."""
+    return [value for value in model.graph.initializers.values()
+            if value.const_value is not None and not isinstance(value.const_value, ir.ExternalTensor)
+            and value.const_value.dtype != ir.DataType.STRING and value.const_value.nbytes >= EXTERNAL_BYTES]
+
+
+def _framed_size(values: list[ir.Value]) -> int:
+    """An upper bound of the data file ``_write_framed`` writes for ``values``: their bytes and each one's framing
+    (its name, type and dims as a TensorProto, and three tags with lengths of at most 10 bytes each)."""
+    return sum(value.const_value.nbytes + len(value.name or "") + 16 * len(value.const_value.shape) + 64
+               for value in values)
+
+
+def _write_framed(model: ir.Model, data: Path) -> None:
+    """Write the main graph's large initializers to ``data`` as ``graph { initializer { name, type, dims, raw_data }
+    }`` fields of a ModelProto, one such field per tensor, and point each initializer at its bytes there.
+
+    A parser merges repeated occurrences of a message field (the protobuf encoding rules), so these fields followed
+    by the weightless model (``_append_graph``) read as one model with every initializer inline, while the staged
+    graph reads the same bytes as external data at their offsets."""
+    values = _main_initializers(model)
+    with data.open("wb") as sink:
+        for value in values:
+            tensor = value.const_value
+            length = tensor.nbytes
+            meta = onnx.TensorProto(name=value.name, data_type=tensor.dtype.value, dims=tensor.shape.numpy())
+            head = meta.SerializeToString() + _RAW_DATA_TAG + _varint(length)
+            initializer = _INITIALIZER_TAG + _varint(len(head) + length) + head
+            sink.write(_GRAPH_TAG + _varint(len(initializer) + length) + initializer)
+            offset = sink.tell()
+            if hasattr(tensor, "tofile"):  # onnx_ir's tensors stream; another TensorProtocol may only have bytes
+                tensor.tofile(sink)
+            else:
+                sink.write(tensor.tobytes())
+            if sink.tell() != offset + length:
+                raise ExportError(f"writing initializer {value.name!r}: {sink.tell() - offset} bytes written, its "
+                                  f"type and shape make {length}; please report this")
+            value.const_value = ir.ExternalTensor(data.name, offset, length, tensor.dtype, shape=tensor.shape,
+                                                  name=value.name, base_dir=data.parent)
+
+
+def _append_graph(graph: onnx.ModelProto, data: Path) -> None:
+    """Append ``graph``, less the stubs of the initializers already in the framed ``data`` file, to that file: the
+    file is then the one-file model."""
+    inline = [init for init in graph.graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(inline)
+    with data.open("ab") as sink:
+        sink.write(graph.SerializeToString())
 
 
 def _write_inline(graph: onnx.ModelProto, data: Path, out: Path) -> None:

@@ -85,6 +85,19 @@ def test_a_small_staged_model_is_published_as_one_file_with_every_weight_inline(
         np.testing.assert_array_equal(loaded[name], value)
 
 
+def test_a_one_file_publish_writes_the_weights_once_by_renaming_the_staged_data_file(staged, tmp_path):
+    stage, weights = staged
+    data = stage.path.parent / stage.data_name
+    staged_inode, staged_size = data.stat().st_ino, data.stat().st_size
+    assert staged_size < sum(value.nbytes for value in weights.values()) + 1000
+    target = tmp_path / "once.onnx"
+    stage.publish(target)
+    assert target.stat().st_ino == staged_inode and target.stat().st_size > staged_size
+    loaded = initializers(onnx.load(str(target)))
+    for name, value in weights.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
 def test_a_staged_model_over_the_limit_is_published_with_its_data_file_renamed_to_match(staged, tmp_path,
                                                                                         monkeypatch):
     monkeypatch.setattr(onnx_utils, "PROTOBUF_LIMIT", 10_000)
