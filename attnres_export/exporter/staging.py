@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from attnres_export.atomic import atomic_write, default_file_mode, refuse_non_regular
+from attnres_export.atomic import default_file_mode, refuse_non_regular
 from attnres_export.errors import ExportError
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
@@ -59,21 +59,17 @@ class Stage:
         onnx.save_model(graph, str(self.path))
 
     def publish(self, target: Path) -> list[Path]:
-        """Check the staged model with ``onnx.checker`` and move it to ``target`` (with ``target.data`` when it is
-        over protobuf's limit, else as one file); returns the files written."""
+        """Check the staged model with ``onnx.checker`` and move it to ``target``: as one file when its weights were
+        framed for it and the whole is under protobuf's limit, else with ``target.data``; returns the files
+        written."""
         register_schemas()
         refuse_non_regular(target, "output")
         data = self.path.parent / self.data_name
-        if fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
+        if self.framed and fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
             check_written(self.path, target.name)
-            graph = onnx.load(str(self.path), load_external_data=False)
-            if self.framed:
-                _append_graph(graph, data)
-                os.chmod(data, default_file_mode())
-                os.replace(data, target)
-            else:
-                with atomic_write(target) as tmp:
-                    _write_inline(graph, data, tmp)
+            _append_graph(onnx.load(str(self.path), load_external_data=False), data)
+            os.chmod(data, default_file_mode())
+            os.replace(data, target)
             return [target]
         target_data = target.parent / (target.name + ".data")
         refuse_non_regular(target_data, "external data file")
@@ -154,34 +150,6 @@ def _append_graph(graph: onnx.ModelProto, data: Path) -> None:
     graph.graph.initializer.extend(inline)
     with data.open("ab") as sink:
         sink.write(graph.SerializeToString())
-
-
-def _write_inline(graph: onnx.ModelProto, data: Path, out: Path) -> None:
-    """Write ``graph`` with its external initializers read back into one ``.onnx``, a tensor at a time.
-
-    protobuf's serializer holds a message about three times over while encoding it, so the weights are not put
-    back into the proto: the weightless model is encoded, then a second ``graph`` field holding only the
-    initializers is appended. A parser merges repeated occurrences of a message field (the protobuf encoding
-    rules), so the file reads as one model with every initializer inline."""
-    stubs = [init for init in graph.graph.initializer if init.data_location == onnx.TensorProto.EXTERNAL]
-    kept = [init for init in graph.graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
-    del graph.graph.initializer[:]
-    graph.graph.initializer.extend(kept)
-    entries = []
-    for stub in stubs:
-        info = {entry.key: entry.value for entry in stub.external_data}
-        meta = onnx.TensorProto(name=stub.name, data_type=stub.data_type, dims=stub.dims)
-        length = int(info["length"])
-        head = meta.SerializeToString() + _RAW_DATA_TAG + _varint(length)
-        entries.append((head, int(info.get("offset", 0)), length))
-    body = sum(len(_INITIALIZER_TAG) + len(_varint(len(h) + n)) + len(h) + n for h, _, n in entries)
-    with out.open("wb") as sink, data.open("rb") as source:
-        sink.write(graph.SerializeToString())
-        sink.write(_GRAPH_TAG + _varint(body))
-        for head, offset, length in entries:
-            sink.write(_INITIALIZER_TAG + _varint(len(head) + length) + head)
-            source.seek(offset)
-            sink.write(source.read(length))
 
 
 def _varint(value: int) -> bytes:
