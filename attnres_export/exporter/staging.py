@@ -41,7 +41,8 @@ class Stage:
         """Is the data file the start of the one-file model (``_write_framed``)?"""
 
     def write_traced(self, model: ir.Model) -> onnx.ModelProto:
-        """Write the traced ``model`` with every initializer in the data file; return its graph, weightless."""
+        """Write the traced ``model`` with every initializer in the data file; return its graph, weightless. Framed,
+        ``model``'s initializers are left referencing the data file: the caller's tensors are no longer held."""
         data = self.path.parent / self.data_name
         with single_threaded():
             if fits_in_one_file(_framed_size(_main_initializers(model))):
@@ -87,7 +88,6 @@ class Stage:
         return [target, target_data]
 
 
-
 def _relocate(graph: onnx.ModelProto, old: str, new: str) -> None:
     for init in graph.graph.initializer:
         for entry in init.external_data:
@@ -110,7 +110,7 @@ def _main_initializers(model: ir.Model) -> list[ir.Value]:
 def _framed_size(values: list[ir.Value]) -> int:
     """An upper bound of the data file ``_write_framed`` writes for ``values``: their bytes and each one's framing
     (its name, type and dims as a TensorProto, and three tags with lengths of at most 10 bytes each)."""
-    return sum(value.const_value.nbytes + len(value.name or "") + 16 * len(value.const_value.shape) + 64
+    return sum(value.const_value.nbytes + len((value.name or "").encode()) + 16 * len(value.const_value.shape) + 64
                for value in values)
 
 
