@@ -3,8 +3,12 @@
 A multi-GB model cannot be held several times over (docs/benchmarks.md, "CPU: export memory"): the traced model's
 weights stream once to an external-data file in the folder, and everything after the trace (metadata, target
 conversion, validation, the parity run) works on the graph without its weights. ``publish`` moves the result
-into place, inlining the weights when the model is small enough for one file; an interrupted run leaves only
-the private folder, which the next run to the same path removes.
+into place; an interrupted run leaves only the private folder, which the next run to the same path removes.
+
+A model small enough for one file has its weights written once, in their final place: the data file is laid out
+as the start of the one-file model (``_write_framed``), each tensor's bytes wrapped in the protobuf framing of a
+``graph.initializer`` and referenced by the staged graph at its offset, so that publishing appends the weightless
+graph and renames the file (docs/exporter-notes.md#weights-io). A larger model's data file is page-aligned.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from attnres_export.atomic import atomic_write, default_file_mode, refuse_non_regular
+from attnres_export.atomic import default_file_mode, refuse_non_regular
+from attnres_export.errors import ExportError
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
 from attnres_export.graphs.save import check_written
 from attnres_export.graphs.schemas import register_schemas
+from attnres_export.models.threads import single_threaded
 
 IN_FLIGHT_BYTES = 64 << 20
 """At most this much tensor data is being written at once."""
@@ -31,11 +37,22 @@ class Stage:
     def __init__(self, folder: Path, name: str) -> None:
         self.path = Path(folder) / name
         self.data_name = name + ".data"
+        self.framed = False
+        """Is the data file the start of the one-file model (``_write_framed``)?"""
 
     def write_traced(self, model: ir.Model) -> onnx.ModelProto:
-        """Write the traced ``model`` with every initializer in the data file; return its graph, weightless."""
-        ir.save(model, self.path, external_data=self.data_name, size_threshold_bytes=1024, alignment=ALIGNMENT,
-                align_threshold=ALIGNMENT, max_workers=1, max_in_flight_bytes=IN_FLIGHT_BYTES)
+        """Write the traced ``model`` with every initializer in the data file; return its graph, weightless. Framed,
+        ``model``'s initializers are left referencing the data file: the caller's tensors are no longer held."""
+        data = self.path.parent / self.data_name
+        with single_threaded():
+            if fits_in_one_file(_framed_size(_main_initializers(model))):
+                _write_framed(model, data)
+                self.framed = True
+                ir.save(model, self.path)
+            else:
+                ir.save(model, self.path, external_data=self.data_name, size_threshold_bytes=EXTERNAL_BYTES,
+                        alignment=ALIGNMENT, align_threshold=ALIGNMENT, max_workers=1,
+                        max_in_flight_bytes=IN_FLIGHT_BYTES)
         return onnx.load(str(self.path), load_external_data=False)
 
     def write_graph(self, graph: onnx.ModelProto) -> None:
@@ -43,15 +60,17 @@ class Stage:
         onnx.save_model(graph, str(self.path))
 
     def publish(self, target: Path) -> list[Path]:
-        """Check the staged model with ``onnx.checker`` and move it to ``target`` (with ``target.data`` when it is
-        over protobuf's limit, else as one file); returns the files written."""
+        """Check the staged model with ``onnx.checker`` and move it to ``target``: as one file when its weights were
+        framed for it and the whole is under protobuf's limit, else with ``target.data``; returns the files
+        written."""
         register_schemas()
         refuse_non_regular(target, "output")
         data = self.path.parent / self.data_name
-        if fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
+        if self.framed and fits_in_one_file(data.stat().st_size + self.path.stat().st_size):
             check_written(self.path, target.name)
-            with atomic_write(target) as tmp:
-                _write_inline(onnx.load(str(self.path), load_external_data=False), data, tmp)
+            _append_graph(onnx.load(str(self.path), load_external_data=False), data)
+            os.chmod(data, default_file_mode())
+            os.replace(data, target)
             return [target]
         target_data = target.parent / (target.name + ".data")
         refuse_non_regular(target_data, "external data file")
@@ -69,7 +88,6 @@ class Stage:
         return [target, target_data]
 
 
-
 def _relocate(graph: onnx.ModelProto, old: str, new: str) -> None:
     for init in graph.graph.initializer:
         for entry in init.external_data:
@@ -77,32 +95,61 @@ def _relocate(graph: onnx.ModelProto, old: str, new: str) -> None:
                 entry.value = new
 
 
-def _write_inline(graph: onnx.ModelProto, data: Path, out: Path) -> None:
-    """Write ``graph`` with its external initializers read back into one ``.onnx``, a tensor at a time.
+EXTERNAL_BYTES = 1024
+"""Initializers of at least this many bytes go to the data file; smaller ones stay in the graph."""
 
-    protobuf's serializer holds a message about three times over while encoding it, so the weights are not put
-    back into the proto: the weightless model is encoded, then a second ``graph`` field holding only the
-    initializers is appended. A parser merges repeated occurrences of a message field (the protobuf encoding
-    rules), so the file reads as one model with every initializer inline."""
-    stubs = [init for init in graph.graph.initializer if init.data_location == onnx.TensorProto.EXTERNAL]
-    kept = [init for init in graph.graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
+
+def _main_initializers(model: ir.Model) -> list[ir.Value]:
+    """The main graph's initializers that go to the data file (a subgraph's stay in its graph: the one-file layout
+    can only append to the main graph's initializer list)."""
+    return [value for value in model.graph.initializers.values()
+            if value.const_value is not None and not isinstance(value.const_value, ir.ExternalTensor)
+            and value.const_value.dtype != ir.DataType.STRING and value.const_value.nbytes >= EXTERNAL_BYTES]
+
+
+def _framed_size(values: list[ir.Value]) -> int:
+    """An upper bound of the data file ``_write_framed`` writes for ``values``: their bytes and each one's framing
+    (its name, type and dims as a TensorProto, and three tags with lengths of at most 10 bytes each)."""
+    return sum(value.const_value.nbytes + len((value.name or "").encode()) + 16 * len(value.const_value.shape) + 64
+               for value in values)
+
+
+def _write_framed(model: ir.Model, data: Path) -> None:
+    """Write the main graph's large initializers to ``data`` as ``graph { initializer { name, type, dims, raw_data }
+    }`` fields of a ModelProto, one such field per tensor, and point each initializer at its bytes there.
+
+    A parser merges repeated occurrences of a message field (the protobuf encoding rules), so these fields followed
+    by the weightless model (``_append_graph``) read as one model with every initializer inline, while the staged
+    graph reads the same bytes as external data at their offsets."""
+    values = _main_initializers(model)
+    with data.open("wb") as sink:
+        for value in values:
+            tensor = value.const_value
+            length = tensor.nbytes
+            meta = onnx.TensorProto(name=value.name, data_type=tensor.dtype.value, dims=tensor.shape.numpy())
+            head = meta.SerializeToString() + _RAW_DATA_TAG + _varint(length)
+            initializer = _INITIALIZER_TAG + _varint(len(head) + length) + head
+            sink.write(_GRAPH_TAG + _varint(len(initializer) + length) + initializer)
+            offset = sink.tell()
+            if hasattr(tensor, "tofile"):  # onnx_ir's tensors stream; another TensorProtocol may only have bytes
+                tensor.tofile(sink)
+            else:
+                sink.write(tensor.tobytes())
+            if sink.tell() != offset + length:
+                raise ExportError(f"writing initializer {value.name!r}: {sink.tell() - offset} bytes written, its "
+                                  f"type and shape make {length}; please report this")
+            value.const_value = ir.ExternalTensor(data.name, offset, length, tensor.dtype, shape=tensor.shape,
+                                                  name=value.name, base_dir=data.parent)
+
+
+def _append_graph(graph: onnx.ModelProto, data: Path) -> None:
+    """Append ``graph``, less the stubs of the initializers already in the framed ``data`` file, to that file: the
+    file is then the one-file model."""
+    inline = [init for init in graph.graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
     del graph.graph.initializer[:]
-    graph.graph.initializer.extend(kept)
-    entries = []
-    for stub in stubs:
-        info = {entry.key: entry.value for entry in stub.external_data}
-        meta = onnx.TensorProto(name=stub.name, data_type=stub.data_type, dims=stub.dims)
-        length = int(info["length"])
-        head = meta.SerializeToString() + _RAW_DATA_TAG + _varint(length)
-        entries.append((head, int(info.get("offset", 0)), length))
-    body = sum(len(_INITIALIZER_TAG) + len(_varint(len(h) + n)) + len(h) + n for h, _, n in entries)
-    with out.open("wb") as sink, data.open("rb") as source:
+    graph.graph.initializer.extend(inline)
+    with data.open("ab") as sink:
         sink.write(graph.SerializeToString())
-        sink.write(_GRAPH_TAG + _varint(body))
-        for head, offset, length in entries:
-            sink.write(_INITIALIZER_TAG + _varint(len(head) + length) + head)
-            source.seek(offset)
-            sink.write(source.read(length))
 
 
 def _varint(value: int) -> bytes:

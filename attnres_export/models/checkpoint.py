@@ -17,6 +17,7 @@ from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import CheckpointError
 from attnres_export.models.base import KeepFloat32
 from attnres_export.models.registry import architecture, build_model, config_from_dict
+from attnres_export.models.threads import single_threaded
 
 FORMAT = "attnres-checkpoint"
 VERSION = 1
@@ -203,21 +204,29 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
         if not value.is_floating_point():
             raise CheckpointError(f"{path}: state_dict[{key!r}] is {value.dtype}, expected a floating-point tensor")
     wanted = _stored_types(model, state, dtype)
-    if reread is None or _held_as(state, wanted):
-        loaded = {key: _finite(value, key, path).to(wanted[key]) for key, value in state.items()}
-    else:
-        loaded = {}
-        for group in _groups(state):
-            source = reread()
-            for key in group:
-                if source[key].shape != state[key].shape or source[key].dtype != state[key].dtype:
-                    raise CheckpointError(f"{path}: changed while it was being read; load it again")
-                loaded[key] = _finite(source[key], key, path).to(wanted[key], copy=True)
-            del source
+    with single_threaded():
+        loaded = _checked_and_cast(state, wanted, path, reread)
     model.load_state_dict(loaded, assign=True)
     left = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
     if left:
         raise CheckpointError(f"{path}: the model has tensors the checkpoint does not set ({_few(left)})")
+
+
+def _checked_and_cast(state: dict, wanted: dict[str, torch.dtype], path: Path,
+                      reread: Callable[[], dict] | None) -> dict[str, torch.Tensor]:
+    """Every tensor of ``state`` checked finite and in its ``wanted`` type (cast from a fresh mapping per group
+    when a cast is needed, ``CAST_GROUP_BYTES``)."""
+    if reread is None or _held_as(state, wanted):
+        return {key: _finite(value, key, path).to(wanted[key]) for key, value in state.items()}
+    loaded = {}
+    for group in _groups(state):
+        source = reread()
+        for key in group:
+            if source[key].shape != state[key].shape or source[key].dtype != state[key].dtype:
+                raise CheckpointError(f"{path}: changed while it was being read; load it again")
+            loaded[key] = _finite(source[key], key, path).to(wanted[key], copy=True)
+        del source
+    return loaded
 
 
 def _finite(value: torch.Tensor, key: str, path: Path) -> torch.Tensor:

@@ -85,6 +85,51 @@ def test_a_small_staged_model_is_published_as_one_file_with_every_weight_inline(
         np.testing.assert_array_equal(loaded[name], value)
 
 
+def test_a_one_file_publish_writes_the_weights_once_by_renaming_the_staged_data_file(staged, tmp_path):
+    stage, weights = staged
+    data = stage.path.parent / stage.data_name
+    staged_inode, staged_size = data.stat().st_ino, data.stat().st_size
+    assert staged_size < sum(value.nbytes for value in weights.values()) + 1000
+    target = tmp_path / "once.onnx"
+    stage.publish(target)
+    assert target.stat().st_ino == staged_inode and target.stat().st_size > staged_size
+    loaded = initializers(onnx.load(str(target)))
+    for name, value in weights.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
+def test_a_one_file_publish_keeps_a_subgraphs_large_initializer_inline_in_its_subgraph(tmp_path):
+    rng = np.random.default_rng(5)
+    branch_weight = rng.standard_normal(301).astype(np.float32)
+    outer_weight = rng.standard_normal(257).astype(np.float32)
+
+    def branch(name: str) -> onnx.GraphProto:
+        return oh.make_graph([oh.make_node("Add", ["x", f"{name}_w"], [f"{name}_y"])], name, [],
+                             [oh.make_tensor_value_info(f"{name}_y", onnx.TensorProto.FLOAT, [301])],
+                             [nh.from_array(branch_weight * (2 if name == "else" else 1), f"{name}_w")])
+
+    graph = oh.make_graph(
+        [oh.make_node("If", ["cond"], ["y"], then_branch=branch("then"), else_branch=branch("else")),
+         oh.make_node("Mul", ["y", "scale"], ["z"])], "branchy",
+        [oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+         oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [301])],
+        [oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [301])],
+        [nh.from_array(np.resize(outer_weight, 301), "scale")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    stage = Stage(tmp_path / "stage", "out.onnx")
+    stage.path.parent.mkdir()
+    stage.write_traced(ir.from_proto(model))
+    target = tmp_path / "branchy.onnx"
+    assert stage.publish(target) == [target]
+    published = onnx.load(str(target), load_external_data=False)
+    onnx.checker.check_model(published, full_check=True)
+    branches = {attr.name: attr.g for attr in published.graph.node[0].attribute}
+    assert all(init.data_location == onnx.TensorProto.DEFAULT for g in [published.graph, *branches.values()]
+               for init in g.initializer)
+    np.testing.assert_array_equal(nh.to_array(branches["else_branch"].initializer[0]), branch_weight * 2)
+    np.testing.assert_array_equal(initializers(published)["scale"], np.resize(outer_weight, 301))
+
+
 def test_a_staged_model_over_the_limit_is_published_with_its_data_file_renamed_to_match(staged, tmp_path,
                                                                                         monkeypatch):
     monkeypatch.setattr(onnx_utils, "PROTOBUF_LIMIT", 10_000)
