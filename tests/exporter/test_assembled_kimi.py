@@ -2,10 +2,9 @@
 trace: KDA layers (one ``KimiDeltaAttention`` node each, named as the whole-model trace names it) and NoPE latent
 attention, dense and MoE feed-forwards, K3 AttnRes and standard residuals, plain and with-past graphs (the
 recurrent and convolution states in and out) (tests/exporter/assembled_compare.py). ``attnres inspect`` reads the
-same of both files (``summarize``: inputs, outputs, dims, opsets, target, attnres nodes, export metadata).
-
-bfloat16 is left out: the example bodies have MoE layers, and neither export of a bfloat16 MoE body loads in ONNX
-Runtime 1.32 (docs/exporter-notes.md#assembled-export)."""
+same of both files (``summarize``: inputs, outputs, dims, opsets, target, attnres nodes, export metadata). A folder
+laid out as Kimi K3 publishes it (``kimi_k3``: SiTU, latent MoE, the MLA output gate, the full-rank KDA gate) has its
+own feed-forward kinds."""
 
 from __future__ import annotations
 
@@ -20,8 +19,10 @@ from attnres_export.models.base import PlanAggregate
 from attnres_export.models.registry import architecture
 from tests.exporter.assembled_compare import Case, assert_same_model
 
-FOLDERS = {"k3": (2, 4), "k3-block1": (1, 4), "standard": (None, 4)}
-"""name -> (attn_res_block_size or None for standard residuals, layers): KDA, KDA, KDA, latent attention."""
+FOLDERS = {"k3": ("kimi_linear", 2, 4), "k3-block1": ("kimi_linear", 1, 4), "standard": ("kimi_linear", None, 4),
+           "k3-published": ("kimi_k3", 3, 5)}
+"""name -> (model_type, attn_res_block_size or None for standard residuals, layers): KDA, KDA, KDA, latent
+attention (and for ``kimi_k3`` K3's pattern of 5 layers: KDA x 3, latent attention, latent attention)."""
 
 SLOW = [
     (Case("k3"), 6),
@@ -29,6 +30,8 @@ SLOW = [
     (Case("k3-block1", "float32", with_past=True), 6),
     (Case("k3-block1", "float16", with_past=True, fuse_norm=True), 7),
     (Case("standard", "float16", with_past=True), 6),
+    (Case("k3-published"), 6),
+    (Case("k3-published", "bfloat16", with_past=True), 6),
 ]
 """(case, kinds of piece traced): embedding, KDA, latent attention, dense and MoE feed-forwards, head, and with
 ``fuse_norm`` the PreNorm-less kinds (layer 0's KDA keeps its PreNorm)."""
@@ -38,8 +41,8 @@ SLOW = [
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("assembled_kimi")
     arch = architecture("kimi-linear")
-    return {name: arch.write_example_folder("kimi_linear", root / name, 30 + i, block, layers)[0]
-            for i, (name, (block, layers)) in enumerate(FOLDERS.items())}
+    return {name: arch.write_example_folder(model_type, root / name, 30 + i, block, layers)[0]
+            for i, (name, (model_type, block, layers)) in enumerate(FOLDERS.items())}
 
 
 @pytest.mark.slow
@@ -61,3 +64,10 @@ def test_the_kimi_k3_with_past_plan_carries_every_state_and_one_aggregation_per_
     assert {c.name for c in cache} <= read and {c.present for c in cache} <= made
     kda = next(piece for piece in plan.pieces() if piece.kind == "kda")
     assert [value.dtype for value in kda.signature[2:]] == ["float32", "model", "model", "model"]
+
+
+def test_a_k3_folders_own_feed_forwards_are_kinds_of_their_own(tmp_path):
+    folder, _, _ = architecture("kimi-linear").write_example_folder("kimi_k3", tmp_path / "f", 1, 3, 5)
+    model, _ = load_checkpoint(folder)
+    kinds = Counter(piece.kind for piece in plan_of(model, with_past=False, fuse_norm=False).pieces())
+    assert {kind: n for kind, n in kinds.items() if kind.startswith("Kimi")} == {"KimiMLP": 1, "KimiMoE": 4}

@@ -20,6 +20,7 @@ from torch import nn
 
 from attnres_export.models.attnres_lm import RMSNorm
 from attnres_export.models.base import CacheInput, ExportPlan, PlanAdd, PlanAggregate, PlanPiece, PlanStep, PlanValue
+from attnres_export.models.decoder.mlp import GatedMLP
 from attnres_export.models.decoder.moe import MoEFeedForward
 from attnres_export.models.decoder.residual import ResidualNorm, ResidualProjection
 from attnres_export.ops.precision import at_least_float32
@@ -113,6 +114,10 @@ def residual_steps(lm: nn.Module, plan: PlanSteps, attention: Sublayer) -> str:
                           [*bank, partial], body.norm)
 
 
+FEED_FORWARD_KINDS: dict[type, str] = {GatedMLP: "mlp", MoEFeedForward: "moe"}
+"""The kind names of the decoder family's own feed-forwards; any other class is its own kind under its name."""
+
+
 def kind(base: str, prenorm: RMSNorm | None) -> str:
     """Pieces with and without their PreNorm are two kinds (layer 0's attention keeps its PreNorm when the other
     layers' are fused into their aggregations)."""
@@ -120,7 +125,9 @@ def kind(base: str, prenorm: RMSNorm | None) -> str:
 
 
 def feed_forward(plan: PlanSteps, i: int, layer: nn.Module, x: str, prenorm: RMSNorm | None) -> str:
-    base = "moe" if isinstance(layer.mlp, MoEFeedForward) else "mlp"
+    """Layer ``i``'s feed-forward piece, one kind per module class (a body may mix dense and expert layers, and
+    Kimi K3's SiTU and latent-MoE modules are classes of their own)."""
+    base = FEED_FORWARD_KINDS.get(type(layer.mlp), type(layer.mlp).__name__)
     name = f"model.layers.{i}.mlp"
     return plan.piece(kind(base, prenorm), name, PrenormedPiece(prenorm, layer.mlp), (x,), (f"{name}.out",),
                       (hidden(plan.config),))
