@@ -287,7 +287,7 @@ def summarize(v: Variant, args) -> list[dict]:
     return rows
 
 
-def print_tables(rows: list[dict], args) -> None:
+def print_tables(rows: list[dict], args, export: str = "portable, with past, no check") -> None:
     """Two 80-column tables: decode tokens/s with the ratios, then prefill ms and export s."""
     def cell(row: dict, key: str) -> str:
         value = row.get(key)
@@ -303,7 +303,7 @@ def print_tables(rows: list[dict], args) -> None:
         print(f"| {r['variant']} | {r['batch']} | {cell(r, 'onnxruntime_decode_tokens_per_s')} | "
               f"{cell(r, 'ours-eager_decode_tokens_per_s')} | {cell(r, 'transformers_decode_tokens_per_s')} | "
               f"{ratio(r['ort_vs_ours_eager'])} | {ratio(r['ort_vs_transformers'])} |")
-    print(f"\nprefill ms ({args.prompt} tokens); export s (portable, with past, no check); same greedy tokens as "
+    print(f"\nprefill ms ({args.prompt} tokens); export s ({export}); same greedy tokens as "
           f"ORT out of {args.new}")
     print("| folder | b | ORT | ours | HF | export | same ours/HF |")
     print("|---|---:|---:|---:|---:|---:|---:|")

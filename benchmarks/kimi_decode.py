@@ -132,7 +132,7 @@ def main() -> None:
         measure(variants, {b: _prompt(b, args.prompt) for b in args.batches}, args, skip={"ours-eager"})
         rows = [r for v in variants for r in summarize(v, args)]
     print(f"\n## Kimi Linear, ONNX Runtime vs transformers; load average {load_average()}")
-    print_tables(rows, args)
+    print_tables(rows, args, export="portable, with past, parity check on")
     print("\nexports (attnres-export --with-past --target portable, parity check on and passed)")
     print("| folder | wall s | CPU s | peak RSS GiB | ONNX GiB |")
     print("|---|---:|---:|---:|---:|")
