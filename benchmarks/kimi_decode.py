@@ -11,6 +11,7 @@ drops the unknown AttnRes weights), so that ratio compares our AttnRes decoder w
 body. Run from the repository root:
     python benchmarks/kimi_decode.py [--large-hidden 1024 --large-layers 8 --large-experts 64] [--no-large]
         [--batches 1,8] [--prompt 32] [--new 16] [--repeats 2] [--threads 1] [--json OUT.json]
+    python benchmarks/kimi_decode.py --export-only --no-check     # the exports' own time and peak memory
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def large_config(hidden: int, layers: int, experts: int, vocab: int) -> dict:
     return config
 
 
-def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: int) -> dict:
+def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: int, check: bool) -> dict:
     """``attnres-export`` in a child process: its peak RSS, wall and CPU seconds and parity lines."""
     summary = run_child("export", str(folder), "--with-past", "--target", "portable", "-o", str(out),
-                        "--batch", f"1:1:{max_batch}", "--seq", f"1:1:{prompt}", "--past", f"0:{prompt}:{total}")
+                        "--batch", f"1:1:{max_batch}", "--seq", f"1:1:{prompt}", "--past", f"0:{prompt}:{total}",
+                        "--check" if check else "--no-check")
     return {"peak_rss_gib": summary["maxrss_kib"] / 2**20, "wall_s": summary["wall"], "cpu_s": summary["cpu"],
             "onnx_gib": sum(p.stat().st_size for p in out.parent.glob(out.name + "*")) / 2**30}
 
@@ -74,11 +76,13 @@ def prepare(name: str, folder: Path, plain: Path, parameters: int, work: Path, a
     from attnres_export.decode.generate import onnx_decoder
 
     onnx_path = work / f"{name}.with-past.onnx"
-    export = export_child(folder, onnx_path, args.prompt, args.prompt + args.new, max(args.batches))
+    export = export_child(folder, onnx_path, args.prompt, args.prompt + args.new, max(args.batches), args.check)
     print(f"# {name}: {parameters:,} parameters; export {export['wall_s']:.1f} s wall, {export['cpu_s']:.1f} s CPU, "
           f"peak RSS {export['peak_rss_gib']:.2f} GiB (weights {parameters * 4 / 2**30:.2f} GiB float32), ONNX "
           f"{export['onnx_gib']:.2f} GiB; load average "
           f"{load_average()}", flush=True)
+    if args.export_only:
+        return Variant(name, "kimi_linear", folder != plain, parameters, export["wall_s"], {}), export
     ort = onnx_decoder(onnx_path, threads=args.threads)
     hf = load_hf(plain)
     runners = {"onnxruntime": lambda p, n: run_decoder(ort, p, n),
@@ -93,6 +97,9 @@ def main() -> None:
     parser.add_argument("--large-experts", type=int, default=64)
     parser.add_argument("--large-vocab", type=int, default=32000)
     parser.add_argument("--no-large", action="store_true", help="only the tiny folders")
+    parser.add_argument("--export-only", action="store_true", help="measure the exports, decode nothing")
+    parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                        help="the exports' parity check (--no-check: the export's own peak)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=16)
@@ -129,17 +136,20 @@ def main() -> None:
             print(f"# large folders written in {time.perf_counter() - started:.0f} s", flush=True)
             variant, exports["large+attnres"] = prepare("large+attnres", k3, plain, params, work, args)
             variants.append(variant)
-        measure(variants, {b: _prompt(b, args.prompt) for b in args.batches}, args, skip={"ours-eager"})
-        rows = [r for v in variants for r in summarize(v, args)]
-    print(f"\n## Kimi Linear, ONNX Runtime vs transformers; load average {load_average()}")
-    print_tables(rows, args, export="portable, with past, parity check on")
-    print("\nexports (attnres-export --with-past --target portable, parity check on and passed)")
+        if not args.export_only:
+            measure(variants, {b: _prompt(b, args.prompt) for b in args.batches}, args, skip={"ours-eager"})
+            rows = [r for v in variants for r in summarize(v, args)]
+    checked = "parity check on and passed" if args.check else "no parity check"
+    if not args.export_only:
+        print(f"\n## Kimi Linear, ONNX Runtime vs transformers; load average {load_average()}")
+        print_tables(rows, args, export=f"portable, with past, {checked}")
+    print(f"\nexports (attnres-export --with-past --target portable, {checked}); load average {load_average()}")
     print("| folder | wall s | CPU s | peak RSS GiB | ONNX GiB |")
     print("|---|---:|---:|---:|---:|")
     for name, e in exports.items():
         print(f"| {name} | {e['wall_s']:.1f} | {e['cpu_s']:.1f} | {e['peak_rss_gib']:.2f} | {e['onnx_gib']:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "exports": exports}, indent=2))
+        args.json.write_text(json.dumps({"rows": [] if args.export_only else rows, "exports": exports}, indent=2))
 
 
 def _prompt(batch: int, length: int):
