@@ -314,6 +314,20 @@ def print_tables(rows: list[dict], args, export: str = "portable, with past, no 
               f"{same.get('ours-eager', '')}/{same.get('transformers', '')} |")
 
 
+def print_attnres_cost(rows: list[dict]) -> None:
+    """ONNX Runtime decode of each ``+attnres`` graph over its plain graph, same family, batch and run."""
+    plain = {(r["family"], r["batch"]): r for r in rows if not r["attnres"]}
+    pairs = [(r, plain[(r["family"], r["batch"])]) for r in rows if r["attnres"] and (r["family"], r["batch"]) in plain]
+    if not pairs:
+        return
+    print("\nONNX Runtime decode, +attnres over plain (same weights but the AttnRes sites)")
+    print("| family | b | plain tok/s | +attnres tok/s | +attnres/plain |")
+    print("|---|---:|---:|---:|---:|")
+    for r, p in pairs:
+        a, b = r["onnxruntime_decode_tokens_per_s"], p["onnxruntime_decode_tokens_per_s"]
+        print(f"| {r['family']} | {r['batch']} | {b:,.1f} | {a:,.1f} | {a / b:.2f}x |")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -367,6 +381,7 @@ def main() -> None:
     print("\n## all families")
     print("\n".join(header(args)))
     print_tables(rows, args)
+    print_attnres_cost(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
