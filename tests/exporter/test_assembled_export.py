@@ -8,25 +8,21 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import torch
 
-from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
-from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import assemble, plan_of
 from attnres_export.exporter.checkpoint import export_checkpoint
-from attnres_export.exporter.options import ExportOptions, ExportResult
+from attnres_export.exporter.options import ExportOptions
 from attnres_export.exporter.piece_trace import trace_kinds
-from attnres_export.graphs.inspect import summarize
 from attnres_export.models import load_checkpoint
 from attnres_export.models.base import PlanPiece
 from attnres_export.models.example import make_example
 from attnres_export.models.realformer import RealFormerConfig
-from attnres_export.parity.feeds import past_feed_maker
 from tests.conftest import write_checkpoint
+from tests.exporter.assembled_compare import RANGES, Case, assert_same_model
 
 MODELS = {
     "full": {"n_layers": 2, "block_size": 0},
@@ -34,22 +30,8 @@ MODELS = {
     "block4_tail": {"n_layers": 3, "block_size": 4},
     "standard": {"n_layers": 2, "residual": "standard"},
 }
-RANGES = {"batch": DimRange(1, 2, 3), "seq": DimRange(1, 5, 16)}
-PLAIN_SHAPES = [(2, 5), (3, 1), (1, 16), (3, 7)]
-"""(batch, seq): the optimum, a single token, the longest sequence, odd sizes."""
-PAST_SHAPES = [(2, 5, 0), (3, 1, 7), (1, 4, 3), (2, 1, 1)]
-"""(batch, seq, past): a prefill, decode steps after odd past lengths, a past of one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    model: str
-    dtype: str = "float32"
-    with_past: bool = False
-    fuse_norm: bool = False
-    target: str = "tensorrt"
-
-
+KINDS = 4
+"""embedding, attention sublayer, MLP sublayer, head."""
 FAST = Case("block4_tail")
 SLOW = [
     Case("full", "float16"),
@@ -70,61 +52,15 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             for i, (name, cfg) in enumerate(MODELS.items())}
 
 
-def _export(checkpoint: Path, out: Path, case: Case, trace_whole: bool) -> tuple[ExportResult, list[str]]:
-    phases: list[str] = []
-    opts = ExportOptions(checkpoint, out, target=case.target, dtype=case.dtype, with_past=case.with_past,
-                         fuse_norm=case.fuse_norm, trace_whole=trace_whole, **RANGES)
-    return export_checkpoint(opts, status=phases.append), phases
-
-
-def _attnres_nodes(path: Path) -> list[tuple[str, str, int]]:
-    """(name, op type, input count) of every attnres node: TensorRT names its plugin layers after them."""
-    return [(n.name, n.op_type, len(n.input)) for n in onnx.load(str(path), load_external_data=False).graph.node
-            if n.domain in ("attnres", "trt.plugins")]
-
-
-def _feeds(checkpoint: Path, case: Case):
-    model, _ = load_checkpoint(checkpoint)
-    if case.with_past:
-        make = past_feed_maker(model.with_past(), case.dtype, seed=3)
-        return [make(shape) for shape in PAST_SHAPES]
-    return [model.random_inputs(b, t, np.random.default_rng([3, b, t])) for b, t in PLAIN_SHAPES]
-
-
-def _assert_same_model(checkpoints, tmp_path, case: Case) -> None:
-    assembled, phases = _export(checkpoints[case.model], tmp_path / "assembled.onnx", case, trace_whole=False)
-    whole, whole_phases = _export(checkpoints[case.model], tmp_path / "whole.onnx", case, trace_whole=True)
-    assert any(p.startswith("tracing 4 kinds of piece once") for p in phases), phases
-    assert any(p.startswith("tracing the whole") for p in whole_phases), whole_phases
-    assert assembled.report.ok and whole.report.ok, (assembled.report.to_dict(), whole.report.to_dict())
-    assert assembled.fused_by_type == whole.fused_by_type
-    assert _attnres_nodes(assembled.path) == _attnres_nodes(whole.path)
-    ours, theirs = (summarize(onnx.load(str(r.path), load_external_data=False)) for r in (assembled, whole))
-    for field in ("opsets", "inputs", "outputs", "target", "fused_by_arity", "export_info"):
-        assert getattr(ours, field) == getattr(theirs, field), field
-    with OnnxRuntimeRunner(assembled.path) as a, OnnxRuntimeRunner(whole.path) as b:
-        for feeds in _feeds(checkpoints[case.model], case):
-            got, expected = a.infer(feeds), b.infer(feeds)
-            assert list(got) == list(expected)
-            for name, value in expected.items():
-                assert got[name].shape == value.shape and got[name].dtype == value.dtype
-                # Identical ops on identical weights: ONNX Runtime computes the same bits (measured on every case
-                # here); the bar leaves room for a kernel that reorders a float32 reduction between the graphs.
-                scale = float(np.abs(value.astype(np.float64)).max())
-                np.testing.assert_allclose(got[name].astype(np.float64), value.astype(np.float64), rtol=0,
-                                           atol=4 * np.finfo(np.float32).eps * scale, err_msg=name)
-
-
 @pytest.mark.slow
 def test_assembled_export_is_the_whole_model_trace_block_float32(checkpoints, tmp_path):
-    _assert_same_model(checkpoints, tmp_path, FAST)
+    assert_same_model(checkpoints[FAST.model], tmp_path, FAST, KINDS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", SLOW, ids=lambda c: "-".join(
-    [c.model, c.dtype, *(["with-past"] if c.with_past else []), *(["fuse-norm"] if c.fuse_norm else []), c.target]))
+@pytest.mark.parametrize("case", SLOW, ids=Case.id)
 def test_assembled_export_is_the_whole_model_trace(checkpoints, tmp_path, case):
-    _assert_same_model(checkpoints, tmp_path, case)
+    assert_same_model(checkpoints[case.model], tmp_path, case, KINDS)
 
 
 @pytest.fixture(scope="module")
