@@ -32,6 +32,7 @@ import onnx
 from onnx import helper as oh
 from onnx import numpy_helper
 
+from attnres_export.graphs.onnx_utils import subgraphs
 from attnres_export.models.base import PAST_PREFIX, PRESENT_PREFIX
 
 MS_DOMAIN = "com.microsoft"
@@ -157,11 +158,10 @@ def reads(node: onnx.NodeProto) -> list[str]:
     """The values ``node`` reads: its inputs, and what the graphs of its attributes (an If's branches, a Loop's
     body) read from the enclosing graph."""
     names = list(node.input)
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
-            inner = {o for n in sub.node for o in n.output} | {v.name for v in sub.input} | {
-                i.name for i in sub.initializer}
-            names += [name for n in sub.node for name in reads(n) if name not in inner]
+    for sub in subgraphs(node):
+        inner = {o for n in sub.node for o in n.output} | {v.name for v in sub.input}
+        inner |= {i.name for i in sub.initializer}
+        names += [name for n in sub.node for name in reads(n) if name not in inner]
     return names
 
 

@@ -91,6 +91,12 @@ def attnres_nodes(graph: onnx.GraphProto, domain: str = DOMAIN) -> list[onnx.Nod
     return [n for n in graph.node if n.domain == domain]
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held by ``node``'s attributes: an If's branches, a Loop's or Scan's body."""
+    return [g for attr in node.attribute
+            for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))]
+
+
 def replace_nodes(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> None:
     new = list(nodes)
     del graph.node[:]

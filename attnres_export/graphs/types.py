@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import weightless_copy
+from attnres_export.graphs.onnx_utils import subgraphs, weightless_copy
 from attnres_export.ops.descriptors import Shape, descriptor_of, is_attnres
 
 
@@ -50,9 +50,8 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     ones included: their values are typed by the same inference."""
     found = [graph]
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                found.extend(_graphs(sub))
+        for sub in subgraphs(node):
+            found.extend(_graphs(sub))
     return found
 
 

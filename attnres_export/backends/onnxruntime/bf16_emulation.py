@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
-from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, unique_namer
+from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, subgraphs, unique_namer
 from attnres_export.graphs.types import value_types
 
 BF16 = TensorProto.BFLOAT16
@@ -49,9 +49,8 @@ def _emulate_graph(graph: onnx.GraphProto, types: dict[str, int], fresh) -> None
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         _retype_attributes(node)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                _emulate_graph(sub, types, fresh)
+        for sub in subgraphs(node):
+            _emulate_graph(sub, types, fresh)
         bf16_outputs = [o for o in node.output if o and types.get(o) == BF16]
         if not bf16_outputs or node.op_type in VALUE_PRESERVING or node.op_type == "Constant":
             nodes.append(node)

@@ -8,17 +8,17 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from attnres_export.graphs.onnx_utils import subgraphs
 from attnres_export.ops.onnx_nodes import attribute
 
 
 def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing graph."""
     names: set[str] = set()
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            for inner in graph.node:
-                names.update(inner.input)
-                names.update(subgraph_inputs(inner))
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            names.update(inner.input)
+            names.update(subgraph_inputs(inner))
     return names
 
 
