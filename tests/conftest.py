@@ -1,4 +1,5 @@
-"""Shared fixtures: small seeded reference checkpoints, written once per session."""
+"""Shared fixtures made once per run (small seeded reference checkpoints, one export), the helper that splits a
+matrix between the fast loop and the slow tier, and the guard that keeps the fast loop covering every test folder."""
 
 from __future__ import annotations
 
