@@ -27,6 +27,7 @@ from attnres_export.models.base import (
     PlanPiece,
     PlanStep,
     PlanValue,
+    WithPastStep,
     empty_past,
     step_input_axes,
     step_output_names,
@@ -517,23 +518,10 @@ class _HeadPiece(nn.Module):
         return at_least_float32(self.lm_head(x if self.norm is None else self.norm(x)))
 
 
-class AttnResLMWithPast(nn.Module):
+class AttnResLMWithPast(WithPastStep):
     """``AttnResLM`` with a KV cache, for export (docs/decode.md): ``forward(input_ids, attention_mask,
     position_ids, past) -> (logits, present_k_0, present_v_0, ...)``. ``past`` is a list of tensors (k_0, v_0, ...);
     the graph names them ``past_key_values.{i}.key`` / ``.value`` and the outputs ``present.{i}.key`` / ``.value``."""
-
-    def __init__(self, lm: AttnResLM) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        logits, presents = self.lm.forward_with_past(input_ids, attention_mask, position_ids, past)
-        return (logits, *presents)
-
-    @property
-    def config(self) -> AttnResLMConfig:
-        return self.lm.config
 
     def cache_inputs(self) -> list[CacheInput]:
         """Keys (after rotary) and values of every layer ``[batch, n_heads, past, head_dim]``."""

@@ -101,6 +101,24 @@ class WithPastModel(Protocol):
         ...
 
 
+class WithPastStep(nn.Module):
+    """The with-past form of a model that has ``forward_with_past`` (it shares the model's weights): the step of
+    ``WithPastModel``. A family's subclass adds ``cache_inputs`` and ``metadata``."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    @property
+    def config(self) -> Any:
+        return self.lm.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        logits, presents = self.lm.forward_with_past(input_ids, attention_mask, position_ids, past)
+        return (logits, *presents)
+
+
 @dataclass(frozen=True)
 class PlanValue:
     """A tensor of an export plan: a graph input, or an input of a piece's signature.

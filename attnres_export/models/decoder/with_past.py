@@ -15,33 +15,11 @@ Attention Residuals keep no state across steps: blocks and partial sums live ins
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
-from torch import nn
-
-from attnres_export.models.base import CacheInput
-from attnres_export.models.decoder.config import DecoderConfig
-
-if TYPE_CHECKING:
-    from attnres_export.models.decoder.model import DecoderLM
+from attnres_export.models.base import CacheInput, WithPastStep
 
 
-class DecoderLMWithPast(nn.Module):
-    """The with-past form of ``lm`` (shares its weights)."""
-
-    def __init__(self, lm: DecoderLM) -> None:
-        super().__init__()
-        self.lm = lm
-
-    @property
-    def config(self) -> DecoderConfig:
-        return self.lm.config
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        logits, presents = self.lm.forward_with_past(input_ids, attention_mask, position_ids, past)
-        return (logits, *presents)
+class DecoderLMWithPast(WithPastStep):
+    """The with-past form of a ``DecoderLM`` (shares its weights)."""
 
     def cache_inputs(self) -> list[CacheInput]:
         cfg = self.config

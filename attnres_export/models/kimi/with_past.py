@@ -11,33 +11,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
-from torch import nn
-
-from attnres_export.models.base import CacheInput
-from attnres_export.models.kimi.lm_config import KimiLinearConfig
-
-if TYPE_CHECKING:
-    from attnres_export.models.kimi.model import KimiLinearLM
+from attnres_export.models.base import CacheInput, WithPastStep
 
 
-class KimiLinearWithPast(nn.Module):
-    """The with-past form of ``lm`` (shares its weights)."""
-
-    def __init__(self, lm: KimiLinearLM) -> None:
-        super().__init__()
-        self.lm = lm
-
-    @property
-    def config(self) -> KimiLinearConfig:
-        return self.lm.config
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        logits, presents = self.lm.forward_with_past(input_ids, attention_mask, position_ids, past)
-        return (logits, *presents)
+class KimiLinearWithPast(WithPastStep):
+    """The with-past form of a ``KimiLinearLM`` (shares its weights)."""
 
     def cache_inputs(self) -> list[CacheInput]:
         cfg, kda = self.config, self.config.kda
