@@ -6,28 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnres_export.serve.backend import loopback_ports
+
 LAUNCH = "from attnres_export.cli import main; main()"
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def descendants(pid: int) -> set[int]:
@@ -88,7 +75,7 @@ class Server:
 
 def launch(artifact: Path, log: Path, *args: str, model: str = "m", env: dict | None = None) -> Server:
     """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, started (not yet ready)."""
-    http_port, grpc_port, metrics_port = free_ports(3)
+    http_port, grpc_port, metrics_port = loopback_ports(3)
     command = [sys.executable, "-c", LAUNCH, "serve", str(artifact), "--model-name", model,
                "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
                *args]

@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 import pytest
 
+from attnres_export.serve.backend import loopback_ports
 from attnres_export.serve.front import Front, FrontState
 from attnres_export.serve.limits import onnx_limits
 from attnres_export.serve.signature import onnx_signature
 from tests.serve.conftest import NEEDS_SERVER
 from tests.serve.models import tiny_onnx
-from tests.serve.server_process import free_ports
 from tests.serve.test_wire import PYTRITON_ERROR
 
 pytestmark = NEEDS_SERVER
@@ -29,7 +29,7 @@ class FakeTriton:
     """An HTTP server standing in for Triton: infer echoes, or answers PyTriton's traceback for input 3."""
 
     def __init__(self) -> None:
-        self.port = free_ports(1)[0]
+        self.port = loopback_ports(1)[0]
         self.bodies: list[bytes] = []
         self.ready = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -73,7 +73,7 @@ class FakeTriton:
 def front(tmp_path):
     model = onnx.load(str(tiny_onnx(tmp_path / "tiny.onnx")))
     state = FrontState("m", onnx_limits("m", model, onnx_signature(model)))
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = loopback_ports(3)
     running = Front(state, "127.0.0.1", http, grpc, metrics, grace_s=2)
     running.start()
     running.urls = (f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}")

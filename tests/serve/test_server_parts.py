@@ -107,9 +107,9 @@ def test_model_names_default_to_the_stem_and_are_checked():
     (["--http-port", "70000"], "--http-port 70000"),
 ])
 def test_bad_serve_options_are_one_line_and_start_nothing(portable_onnx, args, pattern):
-    from tests.serve.server_process import free_ports
+    from attnres_export.serve.backend import loopback_ports
 
-    ports = dict(zip(("--http-port", "--grpc-port", "--metrics-port"), map(str, free_ports(3)), strict=True))
+    ports = dict(zip(("--http-port", "--grpc-port", "--metrics-port"), map(str, loopback_ports(3)), strict=True))
     defaults = [item for option, port in ports.items() if option not in args for item in (option, port)]
     started = time.monotonic()
     result = runner.invoke(app, ["serve", str(portable_onnx), *defaults, *args])
@@ -131,9 +131,9 @@ def test_instances_are_bounded_by_memory_as_well(monkeypatch):
 def test_a_port_in_use_is_one_line_before_anything_starts(portable_onnx):
     import socket
 
-    from tests.serve.server_process import free_ports
+    from attnres_export.serve.backend import loopback_ports
 
-    http_port, metrics_port = free_ports(2)
+    http_port, metrics_port = loopback_ports(2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
