@@ -39,6 +39,17 @@ class Case:
                          *(["fuse-norm"] if self.fuse_norm else []), self.target])
 
 
+def example_folders(arch: str, folders: dict[str, tuple[str, int | None, int]], root: Path,
+                    seed: int) -> dict[str, Path]:
+    """``name -> (model_type, attn_res_block_size or None, layers)``: each written by ``arch``'s
+    ``attnres example`` writer under ``root``, seeds counting up from ``seed``."""
+    from attnres_export.models.registry import architecture
+
+    entry = architecture(arch)
+    return {name: entry.write_example_folder(model_type, root / name, seed + i, block, layers)[0]
+            for i, (name, (model_type, block, layers)) in enumerate(folders.items())}
+
+
 def _export(source: Path, out: Path, case: Case, trace_whole: bool) -> tuple[ExportResult, list[str]]:
     phases: list[str] = []
     opts = ExportOptions(source, out, target=case.target, dtype=case.dtype, with_past=case.with_past,

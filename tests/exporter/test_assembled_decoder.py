@@ -14,7 +14,7 @@ from attnres_export.exporter.assemble import plan_of
 from attnres_export.models import load_checkpoint
 from attnres_export.models.base import PlanAggregate
 from attnres_export.models.registry import architecture
-from tests.exporter.assembled_compare import Case, assert_same_model
+from tests.exporter.assembled_compare import Case, assert_same_model, example_folders
 
 FOLDERS = {
     "llama": ("llama", None, 2),
@@ -43,10 +43,7 @@ head, and with ``fuse_norm`` layer 0's attention that keeps its PreNorm."""
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("assembled_decoders")
-    arch = architecture("decoder-lm")
-    return {name: arch.write_example_folder(model_type, root / name, 20 + i, block, layers)[0]
-            for i, (name, (model_type, block, layers)) in enumerate(FOLDERS.items())}
+    return example_folders("decoder-lm", FOLDERS, tmp_path_factory.mktemp("assembled_decoders"), seed=20)
 
 
 @pytest.mark.slow

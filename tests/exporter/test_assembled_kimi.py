@@ -17,7 +17,7 @@ from attnres_export.exporter.assemble import plan_of
 from attnres_export.models import load_checkpoint
 from attnres_export.models.base import PlanAggregate
 from attnres_export.models.registry import architecture
-from tests.exporter.assembled_compare import Case, assert_same_model
+from tests.exporter.assembled_compare import Case, assert_same_model, example_folders
 
 FOLDERS = {"k3": ("kimi_linear", 2, 4), "k3-block1": ("kimi_linear", 1, 4), "standard": ("kimi_linear", None, 4),
            "k3-published": ("kimi_k3", 3, 5)}
@@ -39,10 +39,7 @@ SLOW = [
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("assembled_kimi")
-    arch = architecture("kimi-linear")
-    return {name: arch.write_example_folder(model_type, root / name, 30 + i, block, layers)[0]
-            for i, (name, (model_type, block, layers)) in enumerate(FOLDERS.items())}
+    return example_folders("kimi-linear", FOLDERS, tmp_path_factory.mktemp("assembled_kimi"), seed=30)
 
 
 @pytest.mark.slow
