@@ -23,6 +23,7 @@ from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import export_planned, plan_of
+from attnres_export.exporter.collection import collect_everything, collecting_new_objects_only
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
@@ -77,14 +78,14 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     refuse_default_output_of_another_source(opts)
     status(f"loading {opts.source}")
     job = _job(*_models(opts), opts)
-    with temporary_dir_beside(out) as folder:
+    with temporary_dir_beside(out) as folder, collecting_new_objects_only():
         stage = Stage(folder, out.name)
         traced = job.trace(status)
         job.trace = None
         status("writing the weights to the staging folder")
         graph = stage.write_traced(traced)
         del traced
-        gc.collect()  # the traced onnx_ir graph is cyclic and still holds the model's tensors
+        gc.collect()  # the traced graph is cyclic and may hold folded weights (a whole-model trace's transposes)
         status(f"stamping the metadata and converting for the {opts.target} target")
         name_dynamic_dims(graph, job.dynamic_dims)
         graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
@@ -95,7 +96,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             references = _reference_outputs(job, opts, status)
             report_extra = job.report_extra
             del job
-            gc.collect()
+            collect_everything()
             report = _check_staged(stage.path, out.name, references, opts, status)
             report.extra.update(report_extra)
         target = out if report is None or report.ok else failed_path(out)
