@@ -24,7 +24,9 @@ from torch import nn
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
+from attnres_export.exporter.graph_proto import COPY_OF
 from attnres_export.exporter.piece_trace import TracedKind, outer_reads, piece_tensors, renamed, subgraphs, trace_kinds
+from attnres_export.exporter.staging import ComputedTensor
 from attnres_export.models.base import ExportPlan, PlanAdd, PlanAggregate, PlannedModel, PlanPiece, PlanValue
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import AGGREGATE, AGGREGATE_NORM, DOMAIN, OPSET_VERSION
@@ -185,6 +187,8 @@ class _Assembly:
             attributes = self._attributes(node, mapped, own, piece, kind)
             copy = ir.Node(node.domain, node.op_type, inputs, attributes=attributes, overload=node.overload,
                            num_outputs=len(node.outputs), version=node.version, name=self._node_name(node, piece))
+            if not subgraphs(node):
+                copy.meta[COPY_OF] = node
             for old, new in zip(node.outputs, copy.outputs, strict=True):
                 new.name, new.type = outputs.get(old, f"{piece.name}/{old.name}"), old.type
                 shape = kind.shapes.get(old)
@@ -234,8 +238,7 @@ class _Assembly:
     def _folded(self, value: ir.Value, own: dict[ir.Value, torch.Tensor], piece: PlanPiece) -> ir.Value:
         root, ops = _folded_root(value)
         name = f"{self.names[id(own[root])]}.{'.'.join(ops)}"
-        tensor = ir.LazyTensor(lambda: TorchTensor(_folded_value(value, own).contiguous(), name=name),
-                               dtype=value.dtype, shape=ir.Shape(value.shape), name=name)
+        tensor = ComputedTensor(lambda: _folded_value(value, own), value.dtype, ir.Shape(value.shape), name)
         return self.initializer(name, tensor)
 
     def aggregate(self, step: PlanAggregate) -> None:

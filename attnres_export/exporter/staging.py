@@ -14,13 +14,17 @@ graph and renames the file (docs/exporter-notes.md#weights-io). A larger model's
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
+import torch
+from onnx_ir.tensor_adapters import TorchTensor
 
 from attnres_export.atomic import default_file_mode, refuse_non_regular
 from attnres_export.errors import ExportError
+from attnres_export.exporter.graph_proto import serialize_assembled
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
 from attnres_export.graphs.save import check_written
@@ -45,15 +49,16 @@ class Stage:
         ``model``'s initializers are left referencing the data file: the caller's tensors are no longer held."""
         data = self.path.parent / self.data_name
         with single_threaded():
-            if fits_in_one_file(_framed_size(_main_initializers(model))):
-                _write_framed(model, data)
-                self.framed = True
-                ir.save(model, self.path)
-            else:
+            if not fits_in_one_file(_framed_size(_main_initializers(model))):
                 ir.save(model, self.path, external_data=self.data_name, size_threshold_bytes=EXTERNAL_BYTES,
                         alignment=ALIGNMENT, align_threshold=ALIGNMENT, max_workers=1,
                         max_in_flight_bytes=IN_FLIGHT_BYTES)
-        return onnx.load(str(self.path), load_external_data=False)
+                return onnx.load(str(self.path), load_external_data=False)
+            _write_framed(model, data)
+        self.framed = True
+        graph = serialize_assembled(model)
+        onnx.save_model(graph, str(self.path))
+        return graph
 
     def write_graph(self, graph: onnx.ModelProto) -> None:
         """Replace the staged graph by ``graph`` (weightless, referencing the same data file)."""
@@ -114,6 +119,34 @@ def _framed_size(values: list[ir.Value]) -> int:
                for value in values)
 
 
+class ComputedTensor(ir.LazyTensor):
+    """A tensor computed from the model's weights when it is written (a transposed ``nn.Linear`` weight):
+    ``compute`` returns it as a torch tensor, often a strided view, which the framed writer copies into one buffer
+    it reuses for every such tensor, where a contiguous copy per tensor would fault in fresh pages each time
+    (docs/exporter-notes.md#weights-io)."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Callable[[], torch.Tensor], dtype: ir.DataType, shape: ir.Shape, name: str) -> None:
+        super().__init__(lambda: TorchTensor(compute().contiguous(), name=name), dtype=dtype, shape=shape, name=name)
+        self.compute = compute
+
+
+class _Scratch:
+    """The buffer ``ComputedTensor`` values are computed into, grown to the largest of them."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def holding(self, value: torch.Tensor) -> memoryview:
+        """``value``'s bytes, copied contiguously into the buffer (valid until the next call)."""
+        size = value.numel() * value.element_size()
+        if self.buffer.numel() < size:
+            self.buffer = torch.empty(size, dtype=torch.uint8)
+        self.buffer[:size].view(value.dtype).view(value.shape).copy_(value)
+        return memoryview(self.buffer[:size].numpy())
+
+
 def _write_framed(model: ir.Model, data: Path) -> None:
     """Write the main graph's large initializers to ``data`` as ``graph { initializer { name, type, dims, raw_data }
     }`` fields of a ModelProto, one such field per tensor, and point each initializer at its bytes there.
@@ -122,6 +155,7 @@ def _write_framed(model: ir.Model, data: Path) -> None:
     by the weightless model (``_append_graph``) read as one model with every initializer inline, while the staged
     graph reads the same bytes as external data at their offsets."""
     values = _main_initializers(model)
+    scratch = _Scratch()
     with data.open("wb") as sink:
         for value in values:
             tensor = value.const_value
@@ -131,7 +165,9 @@ def _write_framed(model: ir.Model, data: Path) -> None:
             initializer = _INITIALIZER_TAG + _varint(len(head) + length) + head
             sink.write(_GRAPH_TAG + _varint(len(initializer) + length) + initializer)
             offset = sink.tell()
-            if hasattr(tensor, "tofile"):  # onnx_ir's tensors stream; another TensorProtocol may only have bytes
+            if isinstance(tensor, ComputedTensor):
+                sink.write(scratch.holding(tensor.compute()))
+            elif hasattr(tensor, "tofile"):  # onnx_ir's tensors stream; another TensorProtocol may only have bytes
                 tensor.tofile(sink)
             else:
                 sink.write(tensor.tobytes())
