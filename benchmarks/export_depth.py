@@ -8,7 +8,8 @@ layers with Full AttnRes (the configurations of docs/benchmarks.md's earlier exp
 sequence 1..512. Every export runs in a child process of its own (2 torch threads), timed after a warm-up export of a
 one-layer model of the same kind in that child, so that a figure is the exporter's and not the imports' or torch's
 first-call setup; the child's first (cold) export of the warm-up model is shown too. ``attnres-export`` runs without
-its parity check for the goals (the check is the same for both paths; the phase table shows it). Wall and CPU time
+its parity check for the goals (the check is the same for both paths; the phase table shows it). Each export writes to a
+path that does not exist yet (an earlier round's files are deleted first, outside the timing). Wall and CPU time
 are both printed: the machines here are shared, and CPU time is the steadier of the two.
 Run from the repository root:
     python benchmarks/export_depth.py                  # one round
@@ -151,10 +152,18 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name, (measured, warmup) in runs.items():
                 with console.status(f"round {round_ + 1}/{args.rounds}: {name}"):
+                    _remove_outputs(folder, name)
                     results[name].append(child(measured, warmup, folder / f"{_file(name)}.onnx", args.threads))
         sizes = {name: sum(p.stat().st_size for p in folder.glob(f"{_file(name)}.onnx*") if ".warmup." not in p.name)
                  for name in runs}
     report(console, results, sizes, args)
+
+
+def _remove_outputs(folder: Path, run: str) -> None:
+    """Delete an earlier round's files of ``run``, so every export writes to a new path as a first export does:
+    replacing an existing 652 MB file costs ext4 0.3 to 0.4 s in the rename (docs/exporter-notes.md#weights-io)."""
+    for path in folder.glob(f"{_file(run)}.onnx*"):
+        path.unlink()
 
 
 def _file(run: str) -> str:
