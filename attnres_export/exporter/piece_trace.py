@@ -96,8 +96,8 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
         representatives, (inputs, weights), custom_translation_table=translation_table(),
         dynamic_shapes=(dynamic, [[None] * len(w) for w in weights]), input_names=input_names + weight_names,
         output_names=output_names, opset_version=opset)
-    # torch.export's module-stack tracer outlives the export and holds the module it traced (still reachable at
-    # the end of attnres-export): without its pieces it holds none of the model's weights
+    # after a trace with a torch.cond (an MoE), torch.export's module-stack tracer outlives the export and holds the
+    # module it traced to the end of attnres-export: without its pieces it holds none of the model's weights
     representatives.pieces = ()
     graph = program.model.graph
     by_name = {value.name: value for value in graph.inputs}
