@@ -178,6 +178,15 @@ def main() -> None:
                   else "not met", f"{export['maxrss_kib'] * 1024 / weight_bytes:.2f}")
     table.add_row("load average (1, 5, 15 min) after", " ".join(f"{x:.2f}" for x in os.getloadavg()), "")
     console.print(table)
+    if checked:
+        print(parity_table(export["stdout"]))
+
+
+def parity_table(stdout: str) -> str:
+    """The parity table ``attnres-export`` printed (from its title line on)."""
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Parity against")), len(lines))
+    return "\n".join(lines[start:])
 
 
 if __name__ == "__main__":
