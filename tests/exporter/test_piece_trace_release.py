@@ -1,20 +1,17 @@
 """Tracing a model's pieces keeps none of its weights alive. After a trace with a ``torch.cond`` (a mixture of
 experts) torch.export's tracer outlives the trace and holds the module it traced, so a weight reachable from it
 would stay resident (with the whole memory map of a stored checkpoint) through the export's parity check
-(docs/benchmarks.md, "CPU: export memory"); attnres-lm has no cond and is the control."""
+(docs/benchmarks.md, "CPU: export memory")."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-import pytest
-
 from attnres_export.exporter.assemble import plan_of
 from attnres_export.exporter.piece_trace import trace_kinds
 from attnres_export.models import load_checkpoint
 from attnres_export.models.decoder.example import write_example_folder
-from tests.conftest import write_checkpoint
 from tests.exporter.assembled_compare import RANGES
 
 
@@ -22,13 +19,8 @@ def weights_of(model) -> list[weakref.ref]:
     return [weakref.ref(t) for t in [*model.parameters(), *model.buffers()]]
 
 
-@pytest.mark.parametrize("source", ["attnres-lm", "qwen3_moe"])
-def test_tracing_the_pieces_leaves_none_of_the_models_weights_alive(tmp_path, source):
-    if source == "attnres-lm":
-        path = write_checkpoint(tmp_path / "m.pt", seed=3, n_layers=2, block_size=2)
-    else:
-        path = write_example_folder(source, tmp_path / "moe", seed=3)[0]
-    model, _ = load_checkpoint(path)
+def test_tracing_the_pieces_of_an_moe_leaves_none_of_the_models_weights_alive(tmp_path):
+    model, _ = load_checkpoint(write_example_folder("qwen3_moe", tmp_path / "moe", seed=3)[0])
     plan = plan_of(model, with_past=False, fuse_norm=False)
     traced = trace_kinds(plan.pieces(), RANGES, {"batch": 2, "seq": 5}, "float32", 18)
     weights = weights_of(model)
