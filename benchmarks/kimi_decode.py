@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -68,6 +69,9 @@ def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: in
     summary = run_child("export", str(folder), "--with-past", "--target", "portable", "-o", str(out),
                         "--batch", f"1:1:{max_batch}", "--seq", f"1:1:{prompt}", "--past", f"0:{prompt}:{total}",
                         "--check" if check else "--no-check")
+    if summary["parity_failed"]:
+        sys.exit(f"attnres-export {folder.name}: its parity check failed (the tables report passed checks only):\n"
+                 f"{summary['stdout'][-3000:]}")
     return {"peak_rss_gib": summary["maxrss_kib"] / 2**20, "wall_s": summary["wall"], "cpu_s": summary["cpu"],
             "onnx_gib": sum(p.stat().st_size for p in out.parent.glob(out.name + "*")) / 2**30}
 

@@ -91,10 +91,14 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
         input_names.extend(f"{piece.kind}/{value.name}" for value in piece.signature)
         output_names.extend(f"{piece.kind}/out{i}" for i in range(len(piece.outputs)))
     weight_names = [f"{piece.kind}/{name}" for piece in first for name, _ in piece_tensors(piece.module)]
+    representatives = _Representatives(first)
     program = quiet_torch_onnx_export(
-        _Representatives(first), (inputs, weights), custom_translation_table=translation_table(),
+        representatives, (inputs, weights), custom_translation_table=translation_table(),
         dynamic_shapes=(dynamic, [[None] * len(w) for w in weights]), input_names=input_names + weight_names,
         output_names=output_names, opset_version=opset)
+    # after a trace with a torch.cond (an MoE), torch.export's module-stack tracer outlives the export and holds the
+    # module it traced to the end of attnres-export: without its pieces it holds none of the model's weights
+    representatives.pieces = ()
     graph = program.model.graph
     by_name = {value.name: value for value in graph.inputs}
     produced = iter(graph.outputs)

@@ -8,6 +8,7 @@ against the op-set contract first: a malformed attnres node would abort the proc
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -15,7 +16,11 @@ import onnx
 from attnres_export.atomic import scratch_file_beside
 from attnres_export.backends.base import Feeds, Runner
 from attnres_export.backends.onnxruntime import reference_ops
-from attnres_export.backends.onnxruntime.bf16_emulation import emulate_bfloat16, has_bfloat16
+from attnres_export.backends.onnxruntime.bf16_emulation import (
+    SESSION_DISABLED_OPTIMIZERS,
+    emulate_bfloat16,
+    has_bfloat16,
+)
 from attnres_export.errors import ParityError
 from attnres_export.graphs.external_data import external_locations
 from attnres_export.graphs.external_save import save_with_external_data
@@ -60,10 +65,9 @@ class OnnxRuntimeRunner(Runner):
 
         model = self._model
         beside = self._path if self._path is not None and external_locations(model) else None
-        if beside is not None and self.emulates_bfloat16:
-            model, beside = load_onnx(self._path), None
+        disabled: tuple[str, ...] = ()
         if self.emulates_bfloat16:
-            model = emulate_bfloat16(model)
+            model, disabled = emulate_bfloat16(model), SESSION_DISABLED_OPTIMIZERS
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if self.threads is not None:
@@ -73,8 +77,8 @@ class OnnxRuntimeRunner(Runner):
             model = reference_ops.with_reference_ops(model)
             options.register_custom_ops_library(reference_ops.library_path())
         try:
-            self.session = (_session(model, options, self.providers) if beside is None else
-                            _session_beside(model, beside, options, self.providers))
+            self.session = (_session(model, options, self.providers, disabled) if beside is None else
+                            _session_beside(model, beside, options, self.providers, disabled))
         except Exception as exc:
             raise ParityError(f"ONNX Runtime could not load {self.artifact or 'the model'}: {exc}") from exc
 
@@ -95,7 +99,8 @@ class OnnxRuntimeRunner(Runner):
         self.session = None
 
 
-def _session_beside(model: onnx.ModelProto, path: Path, options, providers: list[str]):
+def _session_beside(model: onnx.ModelProto, path: Path, options, providers: list[str],
+                    disabled_optimizers: Sequence[str] = ()):
     """A session on ``model``, a weightless graph whose weights are the external data of the file at ``path``.
 
     ONNX Runtime reads external data only from the model's own folder (it refuses links out of it), so a graph
@@ -106,23 +111,27 @@ def _session_beside(model: onnx.ModelProto, path: Path, options, providers: list
     try:
         with scratch_file_beside(path, ".ort.onnx") as sidecar:
             onnx.save_model(model, str(sidecar))
-            return ort.InferenceSession(str(sidecar), options, providers=providers)
+            return ort.InferenceSession(str(sidecar), options, providers=providers,
+                                        disabled_optimizers=list(disabled_optimizers))
     except PermissionError:
         onnx.load_external_data_for_model(model, str(path.resolve().parent))
-        return _session(model, options, providers)
+        return _session(model, options, providers, disabled_optimizers)
 
 
-def _session(model: onnx.ModelProto, options, providers: list[str]):
-    """An ONNX Runtime session. A model over ``IN_MEMORY_BYTES`` goes through a temporary external-data file:
-    serializing it in memory would hold its weights a second time (and protobuf stops at 2 GB)."""
+def _session(model: onnx.ModelProto, options, providers: list[str], disabled_optimizers: Sequence[str] = ()):
+    """An ONNX Runtime session without ``disabled_optimizers``. A model over ``IN_MEMORY_BYTES`` goes through a
+    temporary external-data file: serializing it in memory would hold its weights a second time (and protobuf
+    stops at 2 GB)."""
     import onnxruntime as ort
 
+    disabled = list(disabled_optimizers)
     if model.ByteSize() <= IN_MEMORY_BYTES:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers,
+                                    disabled_optimizers=disabled)
     with tempfile.TemporaryDirectory(prefix="attnres-ort-") as tmp:
         path = Path(tmp) / "model.onnx"
         save_with_external_data(model, path, "model.onnx.data")
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
 
 
 def cuda_provider_available() -> bool:

@@ -34,13 +34,27 @@ class TorchRunner(Runner):
         return {name: at_least_float32(t).numpy() for name, t in zip(self.output_names, outputs, strict=True)}
 
 
+RECENT_CASTS = 2
+"""Casts kept for reuse: a module that reads its stacked expert weights once per expert (``StackedExperts``'s
+``grouped`` form reads ``gate_up_proj`` and ``down_proj`` in turn) casts each once per call, not once per expert,
+and at most this many cast tensors outlive their read."""
+
+
 class _Cast(nn.Module):
+    """Casts to ``dtype``, reusing the ``RECENT_CASTS`` latest casts of tensors unchanged since."""
+
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
         self.dtype = dtype
+        self.recent: list[tuple[torch.Tensor, int, torch.Tensor]] = []
 
     def forward(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.dtype)
+        for source, version, cast in self.recent:
+            if source is tensor and version == tensor._version:
+                return cast
+        cast = tensor.to(self.dtype)
+        self.recent = [(tensor, tensor._version, cast), *self.recent[:RECENT_CASTS - 1]]
+        return cast
 
 
 @contextmanager

@@ -1,0 +1,41 @@
+"""``read_as`` (the float64 and float32 references of every check) reuses its latest casts: a module that reads
+one stacked weight per expert casts it once per call. What is read is still the weight as it is now, in the
+asked type: a run through it equals a run of the module cast whole, and a weight changed in place is cast again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from attnres_export.backends.pytorch.runner import read_as
+from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward
+
+
+def test_a_weight_read_twice_is_cast_once_and_cast_again_once_changed_in_place():
+    layer = torch.nn.Linear(5, 3).to(torch.bfloat16)
+    with read_as(layer, torch.float64):
+        first = layer.weight
+        assert layer.weight is first and first.dtype == torch.float64
+        with torch.no_grad():
+            layer.parametrizations.weight.original.add_(1.0)
+        changed = layer.weight
+        assert changed is not first
+        torch.testing.assert_close(changed, first + 1.0, rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16])
+def test_an_moe_read_as_float64_computes_what_its_float64_copy_computes(tokens, stored):
+    torch.manual_seed(tokens)
+    moe = MoEFeedForward(MoEConfig(hidden_size=24, moe_intermediate_size=20, num_experts=6, top_k=2),
+                         gather_max_tokens=2).to(stored).eval()
+    x = torch.randn(1, tokens, 24, dtype=torch.float64)
+    wide = copy.deepcopy(moe).double()
+    with torch.inference_mode():
+        want = wide(x)
+        with read_as(moe, torch.float64):
+            got = moe(x)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
