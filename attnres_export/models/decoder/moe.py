@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnres_export.errors import CheckpointError, ExportError
+from attnres_export.models.base import KeepFloat32
+from attnres_export.ops.precision import at_least_float32
 
 ROUTERS = ("softmax", "sigmoid")
 """``softmax``: Qwen3-MoE (softmax over experts, top-k, optional renormalisation). ``sigmoid``: DeepSeek-V3's
@@ -139,14 +141,17 @@ class SoftmaxTopKRouter(nn.Module):
         return weights.to(logits.dtype), indices
 
 
-class SigmoidGroupTopKRouter(nn.Module):
-    """DeepSeek-V3's router (``DeepseekV3TopkRouter``), in float32: sigmoid scores; the correction bias is added
-    for choosing only; groups ranked by their two best biased scores keep ``topk_group`` of ``n_group``; the top-k
-    experts of the kept groups are weighted by their unbiased scores, renormalised when ``norm_topk_prob``
-    (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted where transformers asks for
-    ``sorted=False`` (onnx-tensorrt's operator table wants ``sorted=1``): the order only changes the order of the
-    expert sum; that sorted and unsorted calls pick the same experts among exact ties holds in the tests on the
-    CPU but is no documented promise of torch (docs/decode.md#routing-ties)."""
+class SigmoidGroupTopKRouter(KeepFloat32):
+    """DeepSeek-V3's router (``DeepseekV3TopkRouter``), in float32 (float64 in a float64 model): sigmoid scores; the
+    correction bias, held float32 in every model dtype (transformers' ``_keep_in_fp32_modules_strict``, vLLM and
+    SGLang create it float32), is added for choosing only; groups ranked by their two best biased scores keep
+    ``topk_group`` of ``n_group``; the top-k experts of the kept groups are weighted by their unbiased scores,
+    renormalised when ``norm_topk_prob`` (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted
+    where transformers asks for ``sorted=False`` (onnx-tensorrt's operator table wants ``sorted=1``): the order
+    only changes the order of the expert sum; that sorted and unsorted calls pick the same experts among exact
+    ties holds in the tests on the CPU but is no documented promise of torch (docs/decode.md#routing-ties)."""
+
+    FLOAT32_TENSORS = frozenset({"e_score_correction_bias"})
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
@@ -159,7 +164,7 @@ class SigmoidGroupTopKRouter(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = F.linear(x2.float(), self.weight.float()).sigmoid()
+        scores = F.linear(at_least_float32(x2), at_least_float32(self.weight)).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.topk_group < self.n_group:
             choice = self._keep_best_groups(choice)

@@ -183,6 +183,25 @@ def test_routing_ties_resolve_as_in_transformers_in_pytorch(expert_path):
                 assert rel_l2(module(x), family.block(x)) <= 1e-5, (family.name, shape)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_a_half_sigmoid_router_chooses_by_its_float32_correction_bias(dtype):
+    """Equal scores (a zero router) and biases 1e-6 apart, far below either half type's resolution at 0.02: the
+    choice follows the float32 bias, as in transformers (which keeps the bias float32) and a float64 top-k."""
+    config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", norm_topk_prob=True, n_group=4, topk_group=2)
+    module = MoEFeedForward(config).eval()
+    bias = 0.02 + 1e-6 * torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(4)).double()
+    with torch.no_grad():
+        module.gate.weight.zero_()
+        module.gate.e_score_correction_bias.copy_(bias)
+    module = module.to(dtype)
+    assert module.gate.e_score_correction_bias.dtype == torch.float32
+    _, chosen = module.gate(inputs((1, 3), dtype=dtype)[0])
+    groups = bias.reshape(4, -1).topk(2, dim=-1).values.sum(-1).topk(2).indices
+    allowed = torch.cat([torch.arange(g * 2, g * 2 + 2) for g in groups.tolist()])
+    want = allowed[bias[allowed].topk(TOP_K).indices]
+    assert all(set(row.tolist()) == set(want.tolist()) for row in chosen)
+
+
 def test_shared_width_is_moe_intermediate_size_times_shared_experts_unless_given():
     config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", n_group=4, topk_group=2, n_shared_experts=2)
     assert config.shared_size == 2 * INNER
