@@ -33,6 +33,7 @@ from torch import nn
 
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.models.base import KeepFloat32
+from attnres_export.models.routing import top_k_experts
 from attnres_export.ops.precision import at_least_float32
 
 ROUTERS = ("softmax", "sigmoid")
@@ -135,7 +136,7 @@ class SoftmaxTopKRouter(nn.Module):
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x2, self.weight)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, indices = torch.topk(probs, self.top_k, dim=-1)
+        weights, indices = top_k_experts(probs, self.top_k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), indices
@@ -168,7 +169,7 @@ class SigmoidGroupTopKRouter(KeepFloat32):
         choice = scores + self.e_score_correction_bias
         if self.topk_group < self.n_group:
             choice = self._keep_best_groups(choice)
-        indices = torch.topk(choice, self.top_k, dim=-1).indices
+        indices = top_k_experts(choice, self.top_k)[1]
         weights = scores.gather(1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)

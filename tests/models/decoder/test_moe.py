@@ -20,6 +20,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.exporter.optimize import optimize_exported
 from attnres_export.models.decoder.moe import EXPERT_PATHS, MoEConfig, MoEFeedForward, expert_state_from_hf
+from attnres_export.models.routing import traced_routing
 from tests.conftest import slow_after
 
 HIDDEN, INNER, EXPERTS, TOP_K = 32, 16, 8, 2
@@ -200,6 +201,25 @@ def test_a_half_sigmoid_router_chooses_by_its_float32_correction_bias(dtype):
     allowed = torch.cat([torch.arange(g * 2, g * 2 + 2) for g in groups.tolist()])
     want = allowed[bias[allowed].topk(TOP_K).indices]
     assert all(set(row.tolist()) == set(want.tolist()) for row in chosen)
+
+
+@pytest.mark.parametrize("expert_path", EXPERT_PATHS)
+def test_forced_choices_run_the_given_experts_weighted_as_transformers_experts_weigh_them(expert_path, tmp_path):
+    """Under ``traced_routing(forced)`` the block runs the given experts (not its top-k) with its router's own
+    renormalised probabilities: transformers' experts given the same experts and weights agree."""
+    family = qwen3_moe()
+    module = ours(family, saved_tensors(family, tmp_path), expert_path)
+    for shape in [(1, 1), (1, 9)]:
+        x = inputs(shape)
+        generator = torch.Generator().manual_seed(shape[1])
+        forced = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(shape[1])])
+        with torch.no_grad(), traced_routing([forced]) as trace:
+            got = module(x)
+            logits, _, own = family.block.gate(x[0])
+            probs = torch.softmax(logits.float(), dim=-1).gather(1, forced)
+            want = family.block.experts(x[0], forced, probs / probs.sum(dim=-1, keepdim=True))
+        assert torch.equal(trace.chosen[0], forced) and not torch.equal(forced.sort(-1).values, own.sort(-1).values)
+        assert rel_l2(got[0], want) <= 1e-5, shape
 
 
 def test_shared_width_is_moe_intermediate_size_times_shared_experts_unless_given():
