@@ -187,33 +187,23 @@ def routing_aware_checks(model: nn.Module, artifact: str, tolerance: Tolerance, 
     return checks
 
 
-def routing_aware_check(model: nn.Module, artifact: Path, tolerance: Tolerance, shapes: Sequence[Shape],
-                        seed: int = 0) -> list[RoutingCheck]:
-    """The whole comparison of ``artifact`` (a plain ONNX graph exported from ``model``) at each (batch, seq)
-    shape, on the feeds of the ordinary check (``parity/feeds.py``)."""
-    feeds = {tuple(shape): model.random_inputs(shape[0], shape[1], np.random.default_rng([seed, *shape]))
-             for shape in shapes}
-    outputs, choices = artifact_runs(Path(artifact), feeds)
-    return routing_aware_checks(model, Path(artifact).name, tolerance, feeds, outputs, choices)
-
-
 def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, feeds: dict[Shape, Feeds],
                           load_model: Callable[[], nn.Module], tolerance: Tolerance,
                           status: Callable[[str], None] = lambda _: None) -> Report:
-    """``report`` itself when it passed, or when ``artifact`` is no plain graph with routers; otherwise the report
-    with ``artifact_name``'s rows judged by the routing-aware comparison instead (its plain rows and the flips go
-    to the JSON under ``routing_aware``). ``load_model`` is called after ONNX Runtime has closed the artifact."""
-    if report.ok or any(len(shape) != 2 for shape in feeds):
+    """``report`` itself when ``artifact_name``'s rows passed, or when ``artifact`` is no plain graph with routers;
+    otherwise the report with those rows judged by the routing-aware comparison instead (its plain rows and the
+    flips go to the JSON under ``routing_aware``). ``load_model`` is called after ONNX Runtime has closed the
+    artifact."""
+    plain = [check for check in report.checks if check.artifact == artifact_name]
+    if all(check.ok for check in plain) or any(len(shape) != 2 for shape in feeds):
         return report
     if not router_choice_outputs(load_onnx(Path(artifact), load_external_data=False)):
         return report
-    plain = [check for check in report.checks if check.artifact == artifact_name]
     status("routing-aware comparison: the artifact's own expert choices")
     outputs, choices = artifact_runs(Path(artifact), feeds)
     status("routing-aware comparison: PyTorch float64 with those choices")
     checks = routing_aware_checks(load_model(), artifact_name, tolerance, feeds, outputs, choices)
-    backend = plain[0].backend if plain else "onnxruntime"
-    rows = [Check(check.shape, f"{backend}+artifact-routing", artifact_name, plain[0].dtype if plain else "",
+    rows = [Check(check.shape, f"{plain[0].backend}+artifact-routing", artifact_name, plain[0].dtype,
                   {**check.metrics, choices_row(check): _regret_metrics(check)}) for check in checks]
     for check in checks:
         status(f"routing-aware comparison at {'x'.join(map(str, check.shape))}: {check.flips} of {check.choices} "
