@@ -47,17 +47,28 @@ def exported(folder: Path, dtype: str) -> Path:
     return out
 
 
-def judged(folder: Path, dtype: str, command: str) -> Report:
-    """The report of ``attnres-export`` (its own check of the file it writes) or of ``attnres check``."""
+@pytest.fixture(scope="module")
+def near_tie_float16(tmp_path_factory) -> tuple[Path, Path]:
+    """The near-tie folder and its float16 export (no check), shared by the fast cases."""
+    folder = near_tie_folder(tmp_path_factory.mktemp("tie") / "tie", 1 + 1e-4)
+    return folder, exported(folder, "float16")
+
+
+def judged(tmp_path: Path, near_tie_float16: tuple[Path, Path], dtype: str, command: str) -> Report:
+    """The report of ``attnres check`` or of ``attnres-export`` (its own check of the file it writes)."""
+    if (dtype, command) == ("float16", "check"):
+        return check_artifacts(*near_tie_float16[:1], [near_tie_float16[1]]).report
+    folder = near_tie_folder(tmp_path / "tie", 1 + 1e-4)
     if command == "export":
-        return export_checkpoint(ExportOptions(folder, folder.with_name("m.onnx"), dtype=dtype)).report
+        return export_checkpoint(ExportOptions(folder, tmp_path / "m.onnx", dtype=dtype)).report
     return check_artifacts(folder, [exported(folder, dtype)]).report
 
 
-@pytest.mark.parametrize(("dtype", "command"), slow_after([("float16", "export"), ("bfloat16", "check"),
-                                                           ("bfloat16", "export"), ("float16", "check")]))
-def test_a_half_export_that_breaks_near_ties_the_other_way_passes_on_its_own_routing(tmp_path, dtype, command):
-    report = judged(near_tie_folder(tmp_path / "tie", 1 + 1e-4), dtype, command)
+@pytest.mark.parametrize(("dtype", "command"), slow_after([("float16", "check"), ("float16", "export"),
+                                                           ("bfloat16", "check"), ("bfloat16", "export")]))
+def test_a_half_export_that_breaks_near_ties_the_other_way_passes_on_its_own_routing(tmp_path, near_tie_float16,
+                                                                                     dtype, command):
+    report = judged(tmp_path, near_tie_float16, dtype, command)
     routing = report.extra["routing_aware"]
     assert routing["plain_checks"] and not any(check["ok"] for check in routing["plain_checks"])
     assert report.ok
@@ -67,12 +78,12 @@ def test_a_half_export_that_breaks_near_ties_the_other_way_passes_on_its_own_rou
     assert all(c.backend.endswith("+artifact-routing") for c in report.checks)
 
 
-def test_an_artifact_whose_router_chooses_far_from_the_top_k_fails_though_its_logits_agree(tmp_path):
-    """Exported with expert 0 ahead by half its logit, checked against the model where expert 1 is ahead by half:
-    every other weight is the same, so the logits agree with float64 run on the artifact's choices, and only the
-    choices' regret (far over the tie bar) fails it."""
-    artifact = exported(near_tie_folder(tmp_path / "exported", 0.5), "float16")
-    result = check_artifacts(near_tie_folder(tmp_path / "checked", 1.5), [artifact])
+def test_an_artifact_whose_router_chooses_far_from_the_top_k_fails_though_its_logits_agree(tmp_path,
+                                                                                          near_tie_float16):
+    """Exported where experts 0 and 1 nearly tie (its float16 router picks either), checked against the model where
+    expert 1 is ahead by half its logit: every other weight is the same and top-1 weights are 1, so the logits agree
+    with float64 run on the artifact's choices, and only the choices' regret (far over the tie bar) fails it."""
+    result = check_artifacts(near_tie_folder(tmp_path / "checked", 1.5), [near_tie_float16[1]])
     rows = {name: metrics for check in result.report.checks for name, metrics in check.outputs.items()}
     assert not result.report.ok
     assert rows["logits"].ok

@@ -123,6 +123,11 @@ def _swiglu(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _accumulation(x: torch.Tensor) -> torch.dtype:
+    """The type the expert sum accumulates in: float32, float64 in a float64 model (the exact reference)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 class SoftmaxTopKRouter(nn.Module):
     """Qwen3-MoE's router (``Qwen3MoeTopKRouter``): logits in the model dtype, softmax in float32, top-k,
     renormalised when ``norm_topk_prob``, weights cast back to the model dtype."""
@@ -135,7 +140,7 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x2, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
         weights, indices = top_k_experts(probs, self.top_k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -230,13 +235,13 @@ class StackedExperts(nn.Module):
         hidden = self.activate((gate_up @ x2[:, None, :, None]).squeeze(-1), dim=-1)
         down = torch.index_select(self.down_proj, 0, flat).reshape(tokens, top_k, *self.down_proj.shape[1:])
         out = (down @ hidden.unsqueeze(-1)).squeeze(-1)
-        return (out * weights.unsqueeze(-1)).sum(dim=1, dtype=torch.float32).to(x2.dtype)
+        return (out * weights.unsqueeze(-1)).sum(dim=1, dtype=_accumulation(x2)).to(x2.dtype)
 
     def grouped(self, x2: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A loop over the experts some token chose; each runs once on its own tokens (transformers' eager
         order). Exported, the loop is a ``torch.while_loop`` (an ONNX ``Loop``) whose trip count is the number
         of distinct chosen experts."""
-        out = torch.zeros(x2.shape, dtype=torch.float32, device=x2.device)
+        out = torch.zeros(x2.shape, dtype=_accumulation(x2), device=x2.device)
         chosen = torch.zeros(self.num_experts, dtype=torch.int32, device=x2.device).scatter(0, indices.reshape(-1), 1)
         experts = torch.nonzero(chosen).squeeze(1)
         if not torch.compiler.is_exporting():
@@ -277,7 +282,7 @@ class StackedExperts(nn.Module):
         hidden = self.activate(self.gate_up_proj @ x2.transpose(0, 1), dim=1)
         out = self.down_proj @ hidden
         weighted = out * routing.transpose(0, 1).unsqueeze(1)
-        return weighted.sum(dim=0, dtype=torch.float32).transpose(0, 1).contiguous().to(x2.dtype)
+        return weighted.sum(dim=0, dtype=_accumulation(x2)).transpose(0, 1).contiguous().to(x2.dtype)
 
 
 class SharedExperts(nn.Module):

@@ -222,6 +222,34 @@ def test_forced_choices_run_the_given_experts_weighted_as_transformers_experts_w
         assert rel_l2(got[0], want) <= 1e-5, shape
 
 
+def float64_softmax_block(module: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3-MoE's block written out per token in float64: softmax scores, top-k, renormalised, SwiGLU experts.
+    (transformers computes its router's softmax in float32 whatever the model dtype, so it is no float64 one.)"""
+    state = {k: v.double() for k, v in module.state_dict().items()}
+    probs = torch.softmax(x @ state["gate.weight"].T, dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = torch.topk(probs[t], TOP_K).indices
+        for e in top.tolist():
+            gate, up = (state["experts.gate_up_proj"][e] @ x[t]).chunk(2)
+            weight = probs[t, e] / probs[t, top].sum()
+            out[t] += weight * (state["experts.down_proj"][e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("expert_path", EXPERT_PATHS)
+def test_a_float64_block_routes_and_sums_in_float64(family, per_expert_tensors, expert_path):
+    """The float64 model is the exact reference of the parity bars: no router score or expert sum of it is
+    rounded to float32 (a per-token float64 block agrees to float64 rounding)."""
+    module = ours(family, per_expert_tensors, expert_path).double()
+    x = inputs((1, 7), dtype=torch.float64)
+    with torch.no_grad(), traced_routing() as trace:
+        got = module(x)
+    assert all(scores.dtype == torch.float64 for scores in trace.scores) and got.dtype == torch.float64
+    if family.config.router == "softmax":
+        assert rel_l2(got[0], float64_softmax_block(module, x[0])) <= 1e-12
+
+
 def test_shared_width_is_moe_intermediate_size_times_shared_experts_unless_given():
     config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", n_group=4, topk_group=2, n_shared_experts=2)
     assert config.shared_size == 2 * INNER
