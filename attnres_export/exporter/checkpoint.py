@@ -45,6 +45,7 @@ from attnres_export.parity.check import ArtifactRun, References, default_shapes,
 from attnres_export.parity.feeds import checkpoint_subject
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report
+from attnres_export.parity.routing import with_artifact_routing
 
 
 @dataclass
@@ -98,6 +99,10 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             del job
             collect_everything()
             report = _check_staged(stage.path, out.name, references, opts, status)
+            report = with_artifact_routing(report, stage.path, out.name, references.feeds,
+                                           lambda: load_checkpoint(opts.source, dtype=None)[0],
+                                           tolerance_for(opts.dtype, opts.tolerances),
+                                           lambda what: status(f"parity: {what}"))
             report.extra.update(report_extra)
         target = out if report is None or report.ok else failed_path(out)
         status(f"checking and writing {target}")

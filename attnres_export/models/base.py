@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -222,18 +222,31 @@ class KeepFloat32(nn.Module):
     Aggregation weights and rotary tables are folded and applied in float32 (docs/op-set.md#attnresaggregate), so a
     float16 or bfloat16 export must not round them; a cast to float64 (`.double()`) still widens them,
     and device moves still apply. The checkpoint loader reads these modules to keep their tensors float32.
+    A module that keeps only some of its tensors float32 (a router's score-correction bias, a KDA layer's decay
+    parameters, as transformers' ``_keep_in_fp32_modules_strict`` does) names them in ``FLOAT32_TENSORS``.
     """
 
+    FLOAT32_TENSORS: ClassVar[frozenset[str] | None] = None
+    """Names, relative to this module, of the tensors kept float32; None: every parameter and buffer."""
+
     def _apply(self, fn, recurse=True):
-        before = {name: t.dtype for name, t in self._float_tensors().items()}
+        before = {name: t.data for name, t in self._float_tensors().items()}
         super()._apply(fn, recurse)
         for name, t in self._float_tensors().items():
-            if t.dtype != before[name] and t.dtype != torch.float64:
-                t.data = t.data.to(before[name])
+            if t.dtype != before[name].dtype and t.dtype != torch.float64:
+                t.data = before[name].to(t.device)  # the unrounded values, not the cast ones widened back
         return self
 
+    def float32_state_names(self) -> list[str]:
+        """The ``state_dict`` entries of this module held at least float32."""
+        return [name for name in self.state_dict() if self._kept(name)]
+
+    def _kept(self, name: str) -> bool:
+        return self.FLOAT32_TENSORS is None or name in self.FLOAT32_TENSORS
+
     def _float_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_parameters()) | dict(self.named_buffers())
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        return {name: t for name, t in tensors.items() if self._kept(name)}
 
 
 class WithPastFeeds(nn.Module):

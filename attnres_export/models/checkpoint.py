@@ -102,7 +102,7 @@ def _stored_types(model: nn.Module, state: dict, dtype: str | None) -> dict[str,
     """The type each state_dict entry is held in: ``dtype`` (or as stored), at least float32 under ``KeepFloat32``."""
     keep = {f"{prefix}.{name}" if prefix else name
             for prefix, module in model.named_modules() if isinstance(module, KeepFloat32)
-            for name in module.state_dict()}
+            for name in module.float32_state_names()}
     types = {}
     for key, tensor in state.items():
         held = tensor.dtype if dtype is None else torch_dtype(dtype)

@@ -26,6 +26,7 @@ from attnres_export.errors import ParityError
 from attnres_export.parity.feeds import Subject, checkpoint_subject, has_past
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report, run_checks, run_reference
+from attnres_export.parity.routing import with_artifact_routing
 
 Shape = tuple[int, ...]
 Feeds = dict[str, np.ndarray]
@@ -318,6 +319,11 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
         refuse_other_shapes(artifact, references, Path(checkpoint))
         runs.append(ArtifactRun(artifact.open, artifact.dtype, tolerance_for(artifact.dtype, tolerances), references))
     report = judge_artifacts(runs, status)
+    for artifact, run in zip(artifacts, runs, strict=True):
+        if artifact.target is not None:  # an ONNX file: its routers' choices can be read (docs/parity.md)
+            report = with_artifact_routing(report, artifact.path, artifact.name, run.references.feeds,
+                                           lambda: load_checkpoint(Path(checkpoint), dtype=None)[0], run.tolerance,
+                                           status)
     report.extra.update({"checkpoint": str(checkpoint), "seed": seed})
     if with_past:
         report.extra.update({"with_past": True, "shapes": "batch x seq x past"})

@@ -137,3 +137,45 @@ def test_a_checkpoint_that_changes_between_its_reads_is_refused(tmp_path, monkey
     monkeypatch.setattr(torch, "load", swapped)
     with pytest.raises(CheckpointError, match="changed while it was being read"):
         load_checkpoint(tmp_path / "m.pt", dtype="float16")
+
+
+
+ISLANDS = {
+    "deepseek_v3": ("gate.e_score_correction_bias",),
+    "kimi_k3": ("self_attn.A_log", "self_attn.dt_bias", "self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight",
+                "self_attn.v_conv1d.weight", "gate.e_score_correction_bias"),
+}
+"""Per example folder, the tensors (name suffixes) that stay float32 in every model dtype: transformers keeps them
+so (``_keep_in_fp32_modules_strict`` of DeepSeek-V3 and of Glm5Next's KDA), vLLM and SGLang create them float32."""
+
+
+@pytest.fixture(scope="module")
+def island_folders(tmp_path_factory):
+    """Example folders of both families, every island tensor random (float32 values no half type holds)."""
+    from attnres_export.models.decoder.example import write_example_folder as decoder_folder
+    from attnres_export.models.kimi.example import write_example_folder as kimi_folder
+
+    root = tmp_path_factory.mktemp("islands")
+    return {"deepseek_v3": decoder_folder("deepseek_v3", root / "deepseek_v3", seed=3)[0],
+            "kimi_k3": kimi_folder("kimi_k3", root / "kimi_k3", seed=3, layers=2)[0]}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("family", sorted(ISLANDS))
+def test_router_bias_and_kda_decay_parameters_stay_unrounded_float32_in_half_models(island_folders, family, dtype):
+    reference, _ = load_checkpoint(island_folders[family], dtype="float32")
+    state = reference.state_dict()
+    kept = [name for name in state if name.endswith(ISLANDS[family])]
+    assert kept
+    for name in kept:
+        assert not torch.equal(state[name], state[name].to(getattr(torch, dtype)).float()), f"{name} is degenerate"
+    loaded, _ = load_checkpoint(island_folders[family], dtype=dtype)
+    for model in (loaded, model_as(reference, dtype), copy.deepcopy(reference).to(getattr(torch, dtype))):
+        held = model.state_dict()
+        for name in kept:
+            assert held[name].dtype == torch.float32 and torch.equal(held[name], state[name]), name
+        assert held[ROUTER_WEIGHT[family]].dtype == getattr(torch, dtype)
+
+
+ROUTER_WEIGHT = {"deepseek_v3": "model.layers.1.mlp.gate.weight", "kimi_k3": "model.layers.1.mlp.gate.weight"}
+"""The router's own weight is held in the model dtype (transformers upcasts it when it computes)."""

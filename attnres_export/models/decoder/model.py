@@ -100,7 +100,7 @@ class DecoderLM(nn.Module):
         """Random weights no check degenerates on: pseudo-queries of std ``2/sqrt(D)`` (zero ones make every
         aggregation a plain mean), norm gains near 1, biases near 0, expert score-correction biases random."""
         with torch.no_grad():
-            for name, param in self.named_parameters():
+            for name, param in [*self.named_parameters(), *self.named_buffers()]:
                 if name.endswith("_res_proj.weight"):
                     param.normal_(0.0, 2.0 / math.sqrt(self.config.hidden_size))
                 elif name.endswith(("norm.weight", "layernorm.weight")):

@@ -32,6 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnres_export.errors import CheckpointError, ExportError
+from attnres_export.models.base import KeepFloat32
+from attnres_export.models.routing import top_k_experts
+from attnres_export.ops.precision import at_least_float32
 
 ROUTERS = ("softmax", "sigmoid")
 """``softmax``: Qwen3-MoE (softmax over experts, top-k, optional renormalisation). ``sigmoid``: DeepSeek-V3's
@@ -120,6 +123,11 @@ def _swiglu(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _accumulation(x: torch.Tensor) -> torch.dtype:
+    """The type the expert sum accumulates in: float32, float64 in a float64 model (the exact reference)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 class SoftmaxTopKRouter(nn.Module):
     """Qwen3-MoE's router (``Qwen3MoeTopKRouter``): logits in the model dtype, softmax in float32, top-k,
     renormalised when ``norm_topk_prob``, weights cast back to the model dtype."""
@@ -132,21 +140,24 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x2, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, indices = torch.topk(probs, self.top_k, dim=-1)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        weights, indices = top_k_experts(probs, self.top_k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), indices
 
 
-class SigmoidGroupTopKRouter(nn.Module):
-    """DeepSeek-V3's router (``DeepseekV3TopkRouter``), in float32: sigmoid scores; the correction bias is added
-    for choosing only; groups ranked by their two best biased scores keep ``topk_group`` of ``n_group``; the top-k
-    experts of the kept groups are weighted by their unbiased scores, renormalised when ``norm_topk_prob``
-    (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted where transformers asks for
-    ``sorted=False`` (onnx-tensorrt's operator table wants ``sorted=1``): the order only changes the order of the
-    expert sum; that sorted and unsorted calls pick the same experts among exact ties holds in the tests on the
-    CPU but is no documented promise of torch (docs/decode.md#routing-ties)."""
+class SigmoidGroupTopKRouter(KeepFloat32):
+    """DeepSeek-V3's router (``DeepseekV3TopkRouter``), in float32 (float64 in a float64 model): sigmoid scores; the
+    correction bias, held float32 in every model dtype (transformers' ``_keep_in_fp32_modules_strict``, vLLM and
+    SGLang create it float32), is added for choosing only; groups ranked by their two best biased scores keep
+    ``topk_group`` of ``n_group``; the top-k experts of the kept groups are weighted by their unbiased scores,
+    renormalised when ``norm_topk_prob`` (``+ 1e-20``), times ``routed_scaling_factor``. Every top-k is sorted
+    where transformers asks for ``sorted=False`` (onnx-tensorrt's operator table wants ``sorted=1``): the order
+    only changes the order of the expert sum; that sorted and unsorted calls pick the same experts among exact
+    ties holds in the tests on the CPU but is no documented promise of torch (docs/decode.md#routing-ties)."""
+
+    FLOAT32_TENSORS = frozenset({"e_score_correction_bias"})
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
@@ -159,11 +170,11 @@ class SigmoidGroupTopKRouter(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = F.linear(x2.float(), self.weight.float()).sigmoid()
+        scores = F.linear(at_least_float32(x2), at_least_float32(self.weight)).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.topk_group < self.n_group:
             choice = self._keep_best_groups(choice)
-        indices = torch.topk(choice, self.top_k, dim=-1).indices
+        indices = top_k_experts(choice, self.top_k)[1]
         weights = scores.gather(1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -224,13 +235,13 @@ class StackedExperts(nn.Module):
         hidden = self.activate((gate_up @ x2[:, None, :, None]).squeeze(-1), dim=-1)
         down = torch.index_select(self.down_proj, 0, flat).reshape(tokens, top_k, *self.down_proj.shape[1:])
         out = (down @ hidden.unsqueeze(-1)).squeeze(-1)
-        return (out * weights.unsqueeze(-1)).sum(dim=1, dtype=torch.float32).to(x2.dtype)
+        return (out * weights.unsqueeze(-1)).sum(dim=1, dtype=_accumulation(x2)).to(x2.dtype)
 
     def grouped(self, x2: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A loop over the experts some token chose; each runs once on its own tokens (transformers' eager
         order). Exported, the loop is a ``torch.while_loop`` (an ONNX ``Loop``) whose trip count is the number
         of distinct chosen experts."""
-        out = torch.zeros(x2.shape, dtype=torch.float32, device=x2.device)
+        out = torch.zeros(x2.shape, dtype=_accumulation(x2), device=x2.device)
         chosen = torch.zeros(self.num_experts, dtype=torch.int32, device=x2.device).scatter(0, indices.reshape(-1), 1)
         experts = torch.nonzero(chosen).squeeze(1)
         if not torch.compiler.is_exporting():
@@ -271,7 +282,7 @@ class StackedExperts(nn.Module):
         hidden = self.activate(self.gate_up_proj @ x2.transpose(0, 1), dim=1)
         out = self.down_proj @ hidden
         weighted = out * routing.transpose(0, 1).unsqueeze(1)
-        return weighted.sum(dim=0, dtype=torch.float32).transpose(0, 1).contiguous().to(x2.dtype)
+        return weighted.sum(dim=0, dtype=_accumulation(x2)).transpose(0, 1).contiguous().to(x2.dtype)
 
 
 class SharedExperts(nn.Module):

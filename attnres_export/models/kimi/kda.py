@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnres_export.models.base import KeepFloat32
 from attnres_export.models.kimi.config import KdaConfig
 from attnres_export.ops.kimi_delta import kimi_delta_attention
 from attnres_export.ops.precision import at_least_float32
@@ -54,8 +55,14 @@ class GatedRMSNorm(nn.Module):
         return (at_least_float32(self.weight) * normed * torch.sigmoid(at_least_float32(gate))).to(x.dtype)
 
 
-class KimiDeltaAttention(nn.Module):
-    """One KDA layer: ``forward`` over T tokens from a state (zeros when None), ``step`` for one token."""
+class KimiDeltaAttention(KeepFloat32):
+    """One KDA layer: ``forward`` over T tokens from a state (zeros when None), ``step`` for one token. The decay
+    parameters and the short-convolution weights stay float32 in every model dtype, as transformers keeps them for
+    the KDA of ``Glm5Next`` (``_keep_in_fp32_modules_strict``) and vLLM and SGLang create ``A_log`` and ``dt_bias``:
+    rounding ``dt_bias`` (magnitudes up to about 7) to bfloat16 moves every token's decay by the same amount, an
+    error the recurrence compounds over the sequence (docs/models.md#kda-precision)."""
+
+    FLOAT32_TENSORS = frozenset({"A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"})
 
     def __init__(self, cfg: KdaConfig) -> None:
         super().__init__()

@@ -20,6 +20,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.exporter.optimize import optimize_exported
 from attnres_export.models.decoder.moe import EXPERT_PATHS, MoEConfig, MoEFeedForward, expert_state_from_hf
+from attnres_export.models.routing import traced_routing
 from tests.conftest import slow_after
 
 HIDDEN, INNER, EXPERTS, TOP_K = 32, 16, 8, 2
@@ -181,6 +182,72 @@ def test_routing_ties_resolve_as_in_transformers_in_pytorch(expert_path):
             x = inputs(shape)
             with torch.no_grad():
                 assert rel_l2(module(x), family.block(x)) <= 1e-5, (family.name, shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_a_half_sigmoid_router_chooses_by_its_float32_correction_bias(dtype):
+    """Equal scores (a zero router) and biases 1e-6 apart, far below either half type's resolution at 0.02: the
+    choice follows the float32 bias, as in transformers (which keeps the bias float32) and a float64 top-k."""
+    config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", norm_topk_prob=True, n_group=4, topk_group=2)
+    module = MoEFeedForward(config).eval()
+    bias = 0.02 + 1e-6 * torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(4)).double()
+    with torch.no_grad():
+        module.gate.weight.zero_()
+        module.gate.e_score_correction_bias.copy_(bias)
+    module = module.to(dtype)
+    assert module.gate.e_score_correction_bias.dtype == torch.float32
+    _, chosen = module.gate(inputs((1, 3), dtype=dtype)[0])
+    groups = bias.reshape(4, -1).topk(2, dim=-1).values.sum(-1).topk(2).indices
+    allowed = torch.cat([torch.arange(g * 2, g * 2 + 2) for g in groups.tolist()])
+    want = allowed[bias[allowed].topk(TOP_K).indices]
+    assert all(set(row.tolist()) == set(want.tolist()) for row in chosen)
+
+
+@pytest.mark.parametrize("expert_path", EXPERT_PATHS)
+def test_forced_choices_run_the_given_experts_weighted_as_transformers_experts_weigh_them(expert_path, tmp_path):
+    """Under ``traced_routing(forced)`` the block runs the given experts (not its top-k) with its router's own
+    renormalised probabilities: transformers' experts given the same experts and weights agree."""
+    family = qwen3_moe()
+    module = ours(family, saved_tensors(family, tmp_path), expert_path)
+    for shape in [(1, 1), (1, 9)]:
+        x = inputs(shape)
+        generator = torch.Generator().manual_seed(shape[1])
+        forced = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(shape[1])])
+        with torch.no_grad(), traced_routing([forced]) as trace:
+            got = module(x)
+            logits, _, own = family.block.gate(x[0])
+            probs = torch.softmax(logits.float(), dim=-1).gather(1, forced)
+            want = family.block.experts(x[0], forced, probs / probs.sum(dim=-1, keepdim=True))
+        assert torch.equal(trace.chosen[0], forced) and not torch.equal(forced.sort(-1).values, own.sort(-1).values)
+        assert rel_l2(got[0], want) <= 1e-5, shape
+
+
+def float64_softmax_block(module: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3-MoE's block written out per token in float64: softmax scores, top-k, renormalised, SwiGLU experts.
+    (transformers computes its router's softmax in float32 whatever the model dtype, so it is no float64 one.)"""
+    state = {k: v.double() for k, v in module.state_dict().items()}
+    probs = torch.softmax(x @ state["gate.weight"].T, dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = torch.topk(probs[t], TOP_K).indices
+        for e in top.tolist():
+            gate, up = (state["experts.gate_up_proj"][e] @ x[t]).chunk(2)
+            weight = probs[t, e] / probs[t, top].sum()
+            out[t] += weight * (state["experts.down_proj"][e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("expert_path", EXPERT_PATHS)
+def test_a_float64_block_routes_and_sums_in_float64(family, per_expert_tensors, expert_path):
+    """The float64 model is the exact reference of the parity bars: no router score or expert sum of it is
+    rounded to float32 (a per-token float64 block agrees to float64 rounding)."""
+    module = ours(family, per_expert_tensors, expert_path).double()
+    x = inputs((1, 7), dtype=torch.float64)
+    with torch.no_grad(), traced_routing() as trace:
+        got = module(x)
+    assert all(scores.dtype == torch.float64 for scores in trace.scores) and got.dtype == torch.float64
+    if family.config.router == "softmax":
+        assert rel_l2(got[0], float64_softmax_block(module, x[0])) <= 1e-12
 
 
 def test_shared_width_is_moe_intermediate_size_times_shared_experts_unless_given():
