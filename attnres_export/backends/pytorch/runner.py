@@ -62,15 +62,18 @@ def read_as(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Inside, every floating-point parameter and buffer of ``model`` reads as ``dtype`` (a parametrization
     casts it at each access); afterwards the module is as it was, the same tensors in the same places."""
     cast = _Cast(dtype)
-    registered: list[tuple[nn.Module, str]] = []
+    registered: list[tuple[nn.Module, str, bool]] = []
     try:
         for module in list(model.modules()):
             owned = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             for name, tensor in owned:
                 if tensor.is_floating_point() and tensor.dtype != dtype:
+                    transient = name in module._non_persistent_buffers_set
                     parametrize.register_parametrization(module, name, cast, unsafe=True)
-                    registered.append((module, name))
+                    registered.append((module, name, transient))
         yield
     finally:
-        for module, name in reversed(registered):
+        for module, name, transient in reversed(registered):
             parametrize.remove_parametrizations(module, name, leave_parametrized=False)
+            if transient:  # removal registers a buffer back as persistent: it would join the state_dict
+                module.register_buffer(name, getattr(module, name), persistent=False)

@@ -39,3 +39,13 @@ def test_an_moe_read_as_float64_computes_what_its_float64_copy_computes(tokens, 
             got = moe(x)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_non_persistent_buffer_stays_out_of_the_state_dict_after_a_read():
+    module = torch.nn.Linear(4, 2)
+    module.register_buffer("table", torch.arange(6, dtype=torch.float32), persistent=False)
+    before = set(module.state_dict())
+    with read_as(module, torch.float64):
+        assert module.table.dtype == torch.float64
+    assert set(module.state_dict()) == before
+    assert module.table.dtype == torch.float32 and "table" in dict(module.named_buffers())
