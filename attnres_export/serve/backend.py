@@ -79,8 +79,14 @@ def command_line(pid: int) -> list[str]:
 
 
 def children(pid: int) -> set[int]:
+    """The children of ``pid``; none once it has gone (its /proc folder can vanish while being listed, which
+    raises ProcessLookupError from the listing itself)."""
     found = set()
-    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+    try:
+        listings = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    except OSError:
+        return found
+    for listing in listings:
         with contextlib.suppress(OSError, ValueError):
             found |= {int(c) for c in listing.read_text().split()}
     return found

@@ -12,24 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnres_export.serve.backend import loopback_ports
+from attnres_export.serve.backend import descendants, loopback_ports
 
 LAUNCH = "from attnres_export.cli import main; main()"
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (from /proc)."""
-    found, frontier = set(), [pid]
-    while frontier:
-        parent = frontier.pop()
-        for children in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                kids = {int(c) for c in children.read_text().split()}
-            except OSError:
-                continue
-            frontier.extend(kids - found)
-            found |= kids
-    return found
 
 
 def alive(pid: int) -> bool:

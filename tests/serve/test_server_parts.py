@@ -220,3 +220,18 @@ def test_the_tensor_store_copies_a_zero_size_tensor_on_both_sides_of_triton():
     model = SimpleNamespace(model_version=1, SCRIPT_FILES_TO_COPY=Model.SCRIPT_FILES_TO_COPY)
     stub_side = Model.get_proxy_model_files(model)["file:1/data.py"]
     assert EMPTY_FRAME_CAST in stub_side and ZERO_SIZE_CAST not in stub_side
+
+
+def test_a_process_that_exits_while_its_children_are_listed_has_none(monkeypatch):
+    """/proc/<pid>/task vanishing mid-listing raises ProcessLookupError from the glob itself (seen in CI)."""
+    from pathlib import Path
+
+    from attnres_export.serve import backend
+
+    def vanished(self, pattern):
+        raise ProcessLookupError(3, "No such process", str(self))
+
+    assert backend.children(os.getpid()) is not None
+    monkeypatch.setattr(Path, "glob", vanished)
+    assert backend.children(os.getpid()) == set()
+    assert backend.descendants(os.getpid()) == set()
