@@ -47,6 +47,9 @@ STORAGE_TYPES: dict[str, StorageType] = {
 }
 """Name -> storage type, in the order float32, float16, bfloat16."""
 
+HALF_PRECISION = frozenset({"float16", "bfloat16"})
+"""The 16-bit storage types (a parity check also runs PyTorch in them, docs/parity.md#pass-bars)."""
+
 BY_ONNX: dict[int, StorageType] = {t.onnx: t for t in STORAGE_TYPES.values()}
 
 ONNX_TYPE_STRINGS = [t.onnx_type for t in STORAGE_TYPES.values()]

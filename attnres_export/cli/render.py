@@ -26,6 +26,11 @@ from attnres_export.parity.report import Check, Report
 OUTPUT_NAME_WIDTH = 10
 """Where a narrow table folds an output name (``present.10.value``) onto a second line."""
 SCALED_TITLE = "Parity against the PyTorch model run in float64 (bars scale with float32 PyTorch's own error)"
+SAME_TYPE_TITLE = ("Parity against the PyTorch model run in float64 (bars scale with PyTorch's own error in float32 "
+                   "and in the artifact's 16-bit type)")
+OWN_ERRORS = {"pytorch_float32_rel_l2": ("f32\nrel L2", "f32 PyTorch rel L2"),
+              "pytorch_same_type_rel_l2": ("16-bit\nrel L2", "16-bit PyTorch rel L2")}
+"""PyTorch's own errors against float64 that scale the bars: the column heading and the narrow-console label."""
 
 
 UNBOUNDED = 10_000
@@ -79,36 +84,37 @@ def _shape(check: Check) -> str:
 def report_table(report: Report, title: str = "Parity against the float32 PyTorch reference") -> Adaptive:
     """Every output of every check with its errors and the bar it was judged against (``<= bar`` for relative
     L2, ``>= bar`` for cosine); max abs and max rel (reported, not judged) only where they fit."""
-    scaled = any(m.pytorch_float32_rel_l2 is not None for c in report.checks for m in c.outputs.values())
-    title = SCALED_TITLE if scaled else title
-    return Adaptive(lambda: _parity_wide(report, title, scaled), lambda: _parity_sections(report, title, scaled),
-                    lambda: _parity_sections(report, title, scaled, fold=True),
-                    lambda: _parity_lines(report, title, scaled))
+    own = tuple(field for field in OWN_ERRORS
+                if any(getattr(m, field) is not None for c in report.checks for m in c.outputs.values()))
+    title = SAME_TYPE_TITLE if "pytorch_same_type_rel_l2" in own else SCALED_TITLE if own else title
+    return Adaptive(lambda: _parity_wide(report, title, own), lambda: _parity_sections(report, title, own),
+                    lambda: _parity_sections(report, title, own, fold=True),
+                    lambda: _parity_lines(report, title, own))
 
 
-def _judged(m: ErrorMetrics, scaled: bool, bars: bool = True) -> list[str]:
-    return [_g(m.rel_l2), *([_g(m.rel_l2_bar)] if bars else []), *([_g(m.pytorch_float32_rel_l2)] if scaled else []),
+def _judged(m: ErrorMetrics, own: tuple[str, ...], bars: bool = True) -> list[str]:
+    return [_g(m.rel_l2), *([_g(m.rel_l2_bar)] if bars else []), *(_g(getattr(m, field)) for field in own),
             _cosine(m.cosine), *([_bar(m.cosine_bar)] if bars else []), _verdict(m.ok)]
 
 
-def _judged_columns(table: Table, scaled: bool, bars: bool = True) -> None:
-    for column in ("rel L2", *(["<= bar"] if bars else []), *(["f32\nrel L2"] if scaled else []), "cosine",
+def _judged_columns(table: Table, own: tuple[str, ...], bars: bool = True) -> None:
+    for column in ("rel L2", *(["<= bar"] if bars else []), *(OWN_ERRORS[field][0] for field in own), "cosine",
                    *([">= bar"] if bars else [])):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("pass")
 
 
-def _parity_wide(report: Report, title: str, scaled: bool) -> list[RenderableType]:
+def _parity_wide(report: Report, title: str, own: tuple[str, ...]) -> list[RenderableType]:
     table = _table()
     for column in ("backend", "artifact", "shape", "output"):
         table.add_column(column)
     table.add_column("max abs", justify="right", no_wrap=True)
     table.add_column("max rel", justify="right", no_wrap=True)
-    _judged_columns(table, scaled)
+    _judged_columns(table, own)
     for check in report.checks:
         for name, m in check.outputs.items():
             table.add_row(check.backend, check.artifact, _shape(check), name, _g(m.max_abs), _g(m.max_rel),
-                          *_judged(m, scaled))
+                          *_judged(m, own))
     return [Text(title, style="italic"), table]
 
 
@@ -118,7 +124,7 @@ def _sections(report: Report) -> list[tuple[str, list[Check]]]:
             for (artifact, backend, dtype), group in groupby(report.checks, key=key)]
 
 
-def _parity_sections(report: Report, title: str, scaled: bool, fold: bool = False) -> list[RenderableType]:
+def _parity_sections(report: Report, title: str, own: tuple[str, ...], fold: bool = False) -> list[RenderableType]:
     """One table per artifact; a section whose rows share one bar names it in its title instead of two columns.
     ``fold``: long output names wrap onto a second line."""
     tables: list[RenderableType] = [Text(title, style="italic")]
@@ -131,15 +137,15 @@ def _parity_sections(report: Report, title: str, scaled: bool, fold: bool = Fals
         table = _table(header)
         table.add_column("shape")
         table.add_column("output", overflow="fold", max_width=OUTPUT_NAME_WIDTH if fold else None)
-        _judged_columns(table, scaled, bars)
+        _judged_columns(table, own, bars)
         for check in checks:
             for name, m in check.outputs.items():
-                table.add_row(_shape(check), name, *_judged(m, scaled, bars))
+                table.add_row(_shape(check), name, *_judged(m, own, bars))
         tables.append(table)
     return tables
 
 
-def _parity_lines(report: Report, title: str, scaled: bool) -> list[RenderableType]:
+def _parity_lines(report: Report, title: str, own: tuple[str, ...]) -> list[RenderableType]:
     """One short line per value, for consoles too narrow for any table."""
     lines: list[RenderableType] = [Text(title, style="italic")]
     for header, checks in _sections(report):
@@ -149,7 +155,7 @@ def _parity_lines(report: Report, title: str, scaled: bool) -> list[RenderableTy
                 lines += [Text.from_markup(f"  {_shape(check)} {escape(name)}: {_verdict(m.ok)}"),
                           Text(f"    rel L2 {_g(m.rel_l2)} <= {_g(m.rel_l2_bar)}"),
                           Text(f"    cosine {_cosine(m.cosine)} >= {_bar(m.cosine_bar)}"),
-                          *([Text(f"    f32 rel L2 {_g(m.pytorch_float32_rel_l2)}")] if scaled else []),
+                          *(Text(f"    {OWN_ERRORS[field][1]} {_g(getattr(m, field))}") for field in own),
                           Text(f"    max abs {_g(m.max_abs)}, max rel {_g(m.max_rel)}")]
     return lines
 

@@ -206,7 +206,7 @@ def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
 def _reference_outputs(job: _Job, opts: ExportOptions, status: Callable[[str], None]) -> References:
     """Step 1 of the check (parity/check.py), on the reference model of ``job`` at its check shapes."""
     subject = checkpoint_subject(job.reference_model(), job.with_past, opts.dtype, opts.seed)
-    return reference_outputs(subject, job.shapes, lambda what: status(f"parity: {what}"))
+    return reference_outputs(subject, job.shapes, lambda what: status(f"parity: {what}"), [opts.dtype])
 
 
 def _check_staged(path: Path, artifact: str, references: References, opts: ExportOptions,

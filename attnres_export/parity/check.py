@@ -2,27 +2,27 @@
 ``attnres-export`` runs on the file it stages, and ``attnres_export.api.check`` all run it.
 
 It has two steps, so that a caller can release the PyTorch model between them: ``reference_outputs`` runs the
-PyTorch model (float32, and float64 where the bar scales), ``judge_artifacts`` runs every artifact on the same
-feeds and judges each output. The exporter computes its references before ONNX Runtime opens the staged file
-and releases the model in between (docs/benchmarks.md, "CPU: export memory"). ``check_artifacts`` is the whole
-check for files on disk: it reads what each artifact was exported for, refuses a checkpoint that is not the
-one an artifact came from and shapes outside the exported ranges (one line each), picks the shapes, and runs
-the two steps.
-"""
+PyTorch model (float32, and float64 and each 16-bit artifact type where the bar scales), ``judge_artifacts`` runs
+every artifact on the same feeds and judges each output. The exporter computes its references before ONNX Runtime
+opens the staged file and releases the model in between (docs/benchmarks.md, "CPU: export memory").
+``check_artifacts`` is the whole check for files on disk: it reads what each artifact was exported for, refuses a
+checkpoint that is not the one an artifact came from and shapes outside the exported ranges (one line each), picks
+the shapes, and runs the two steps."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from attnres_export.backends.base import Runner
 from attnres_export.dims import DimRange, check_shapes, check_shapes_with_past
-from attnres_export.dtypes import Tolerance
+from attnres_export.dtypes import HALF_PRECISION, Tolerance
 from attnres_export.errors import ParityError
+from attnres_export.models.routing import traced_routing
 from attnres_export.parity.feeds import Subject, checkpoint_subject, has_past
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report, run_checks, run_reference
@@ -76,6 +76,9 @@ class References:
     """float32 PyTorch's outputs."""
     exact: dict[Shape, Feeds] | None
     """float64 PyTorch's outputs, the reference of the scaled bars (None: judged against float32 PyTorch)."""
+    same_type: dict[str, dict[Shape, Feeds]] = field(default_factory=dict)
+    """Per 16-bit type of the artifacts judged against float64: PyTorch's outputs computing in it, with float64's
+    expert choices (its arithmetic, not its flips), whose error scales those artifacts' bars."""
 
     @property
     def judged_against(self) -> tuple[str, dict[Shape, Feeds]]:
@@ -102,13 +105,34 @@ class CheckResult:
     shapes: list[Shape]
 
 
-def reference_outputs(subject: Subject, shapes: Sequence[Shape], status: Status = lambda _: None) -> References:
-    """Step 1: the PyTorch outputs (float32, and float64 when the subject has it) at every shape, with the feeds."""
+def reference_outputs(subject: Subject, shapes: Sequence[Shape], status: Status = lambda _: None,
+                      dtypes: Sequence[str] = ()) -> References:
+    """Step 1: the PyTorch outputs (float32, and float64 when the subject has it) at every shape, with the feeds;
+    with float64, also PyTorch computing in each 16-bit type of ``dtypes`` (the artifacts' types)."""
     status("PyTorch references")
     feeds = {shape: subject.feeds(shape) for shape in shapes}
     expected = run_reference(subject.reference, shapes, feeds.__getitem__)
-    exact = run_reference(subject.precise, shapes, feeds.__getitem__) if subject.precise is not None else None
-    return References(list(shapes), feeds, expected, exact)
+    if subject.precise is None:
+        return References(list(shapes), feeds, expected, None)
+    exact, choices = _routed_outputs(subject.precise, feeds)
+    same_type = {}
+    for dtype in dict.fromkeys(d for d in dtypes if d in HALF_PRECISION):
+        if subject.in_type is not None:
+            status(f"PyTorch in {dtype}")
+            same_type[dtype] = _routed_outputs(subject.in_type(dtype), feeds, choices)[0]
+    return References(list(shapes), feeds, expected, exact, same_type)
+
+
+def _routed_outputs(runner: Runner, feeds: dict[Shape, Feeds], forced: dict[Shape, list] | None = None
+                    ) -> tuple[dict[Shape, Feeds], dict[Shape, list]]:
+    """``runner``'s outputs at every shape and its routers' expert choices (``forced`` ones where given)."""
+    outputs, choices = {}, {}
+    with runner:
+        for shape, shape_feeds in feeds.items():
+            with traced_routing(None if forced is None else forced[shape]) as trace:
+                outputs[shape] = runner.infer(shape_feeds)
+            choices[shape] = trace.chosen
+    return outputs, choices
 
 
 def judge_artifacts(runs: Sequence[ArtifactRun], status: Status = lambda _: None) -> Report:
@@ -121,7 +145,7 @@ def judge_artifacts(runs: Sequence[ArtifactRun], status: Status = lambda _: None
         runner = run.open()
         report.checks += run_checks(None, [(runner, run.dtype, run.tolerance)], references.shapes,
                                     references.feeds.__getitem__, progress=status, expected=references.expected,
-                                    exact=references.exact).checks
+                                    exact=references.exact, same_type=references.same_type.get(run.dtype)).checks
         del runner
     return report
 
@@ -310,7 +334,7 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
         key = artifact.dtype if with_past else None
         if key not in by_feeds:
             by_feeds[key] = reference_outputs(checkpoint_subject(model, with_past, artifact.dtype, seed), run_shapes,
-                                              status)
+                                              status, [a.dtype for a in artifacts])
     del model
     gc.collect()
     runs = []

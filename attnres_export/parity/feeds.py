@@ -1,5 +1,6 @@
 """What the PyTorch side of a parity check runs for an attnres checkpoint's model: the feeds of each shape and the
-reference runners (float32, and float64 where the bar scales with float32's own error, docs/parity.md#pass-bars).
+reference runners (float32, and float64 where the bar scales with PyTorch's own error, docs/parity.md#pass-bars:
+float32's, and a 16-bit artifact's type's).
 
 The plain graph is fed random token ids; a with-past graph (docs/decode.md) is fed a past that a float32 PyTorch
 prefill computed, stored in the artifact's dtype as its runtime takes it.
@@ -38,6 +39,9 @@ class Subject:
     """The float32 PyTorch model."""
     precise: Runner | None
     """The float64 PyTorch model (None: the check compares with float32 PyTorch at the fixed bar)."""
+    in_type: Callable[[str], Runner] | None
+    """The PyTorch model computing in a 16-bit type, whose own error scales a 16-bit artifact's bar (None: no
+    float64 reference, so no scaled bar)."""
     input_names: list[str]
     output_names: list[str]
 
@@ -52,14 +56,14 @@ def checkpoint_subject(model: nn.Module, with_past: bool, dtype: str, seed: int)
         cache = wrapper.cache_inputs()
         names = step_output_names(cache)
         return Subject(past_feed_maker(wrapper, dtype, seed), TorchRunner(WithPastFeeds(wrapper), names), None,
-                       list(step_input_axes(cache)), names)
+                       None, list(step_input_axes(cache)), names)
 
     def feeds(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
         return model.random_inputs(shape[0], shape[1], np.random.default_rng([seed, *shape]))
 
     names = list(model.output_names)
     return Subject(feeds, TorchRunner(model, names), TorchRunner(model, names, dtype="float64"),
-                   list(model.input_axes), names)
+                   lambda half: TorchRunner(model, names, dtype=half), list(model.input_axes), names)
 
 
 def has_past(model: nn.Module) -> bool:

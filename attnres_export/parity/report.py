@@ -71,13 +71,15 @@ def run_checks(
     expected: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
     precise: Runner | None = None,
     exact: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
+    same_type: dict[tuple[int, ...], dict[str, np.ndarray]] | None = None,
 ) -> Report:
     """Run ``reference`` (unless its ``expected`` outputs are given) and every (runner, dtype, tolerance) on the
     same feeds for each shape.
 
     With ``precise`` (the model in float64) or its ``exact`` outputs, every output is compared with the float64
-    outputs, at a bar that scales with the float32 reference's own error there (``scaled_tolerance``); both errors
-    are reported."""
+    outputs, at a bar that scales with the float32 reference's own error there (``scaled_tolerance``), and with
+    ``same_type`` (PyTorch's outputs in the runners' 16-bit type) with that run's error too; every error is
+    reported."""
     report = Report()
     if expected is None:
         if reference is None:
@@ -99,6 +101,7 @@ def run_checks(
                         metrics[name] = compare(got[name], ref, tol)
                     else:
                         own = compare(ref, exact[shape][name], tol)
-                        metrics[name] = compare_scaled(got[name], exact[shape][name], tol, own)
+                        half = None if same_type is None else compare(same_type[shape][name], exact[shape][name], tol)
+                        metrics[name] = compare_scaled(got[name], exact[shape][name], tol, own, half)
                 report.checks.append(Check(list(shape), runner.backend, runner.artifact, dtype, metrics))
     return report

@@ -8,7 +8,8 @@ judges the arithmetic and the choices separately:
 1. the artifact runs with every router's chosen experts as extra outputs (an in-memory copy of its graph: the
    indices of the last ``TopK`` of each ``model.layers.{i}.mlp`` scope, in layer order);
 2. the float64 PyTorch model reruns with exactly those choices (``models/routing.py``), and the artifact's
-   outputs are judged against that run at the usual bars (scaled by float32 PyTorch's own error);
+   outputs are judged against that run at the usual bars (scaled by PyTorch's own error: float32's, and a 16-bit
+   artifact's type's, each run with the plain float64 run's choices);
 3. every choice that is not that float64 run's own top-k (a *flip*) must be a tie at the artifact's precision:
    the chosen expert's float64 score is below the k-th best by at most the dtype's relative L2 bar, relative to
    the k-th best score (``TIE_FACTOR`` times the bar). A wrong router (a wrong expert, a wrong bias) makes large
@@ -31,7 +32,7 @@ from torch import nn
 from attnres_export.atomic import scratch_file_beside
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.backends.pytorch.runner import TorchRunner
-from attnres_export.dtypes import Tolerance
+from attnres_export.dtypes import HALF_PRECISION, Tolerance
 from attnres_export.errors import ParityError
 from attnres_export.graphs.external_data import external_locations
 from attnres_export.graphs.load import load_onnx
@@ -125,7 +126,7 @@ def choice_runner(path: Path) -> Iterator[tuple[OnnxRuntimeRunner, int]]:
 
 def run_routed(model: nn.Module, feeds: dict[str, np.ndarray], dtype: str,
                forced: Sequence[torch.Tensor] | None = None) -> tuple[dict[str, np.ndarray], RoutingTrace]:
-    """``model`` computing in ``dtype`` (float32 or float64) on ``feeds``, its routers traced (and forced)."""
+    """``model`` computing in ``dtype`` on ``feeds``, its routers traced (and forced)."""
     with traced_routing(forced) as trace:
         outputs = TorchRunner(model, list(model.output_names), dtype=dtype).infer(feeds)
     return outputs, trace
@@ -162,14 +163,17 @@ def artifact_runs(artifact: Path, feeds: dict[Shape, Feeds]) -> tuple[dict[Shape
     return outputs, choices
 
 
-def routing_aware_checks(model: nn.Module, artifact: str, tolerance: Tolerance, feeds: dict[Shape, Feeds],
-                         outputs: dict[Shape, Feeds], choices: dict[Shape, list]) -> list[RoutingCheck]:
-    """Step 2: judge the artifact's ``outputs`` against ``model`` in float64 forced to its ``choices``, at
-    ``tolerance`` scaled by float32 PyTorch's own error, and its flips against the tie bar."""
+def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance: Tolerance,
+                         feeds: dict[Shape, Feeds], outputs: dict[Shape, Feeds], choices: dict[Shape, list]
+                         ) -> list[RoutingCheck]:
+    """Step 2: judge the ``dtype`` artifact's ``outputs`` against ``model`` in float64 forced to its ``choices``,
+    at ``tolerance`` scaled by PyTorch's own error (float32's, and for a 16-bit artifact that of PyTorch in its
+    type), and its flips against the tie bar."""
     checks = []
     for shape, shape_feeds in feeds.items():
         exact, plain_trace = run_routed(model, shape_feeds, "float64")
         float32, _ = run_routed(model, shape_feeds, "float32", plain_trace.chosen)  # its arithmetic, not its flips
+        same_type = run_routed(model, shape_feeds, dtype, plain_trace.chosen)[0] if dtype in HALF_PRECISION else None
         routed, trace = run_routed(model, shape_feeds, "float64", choices[shape])
         if len(trace.chosen) != len(choices[shape]):
             raise ParityError(f"{artifact} has {len(choices[shape])} routers, but its model routed {len(trace.chosen)} "
@@ -179,7 +183,8 @@ def routing_aware_checks(model: nn.Module, artifact: str, tolerance: Tolerance, 
                      for a, b in zip(trace.chosen, plain_trace.chosen, strict=True))
         loose = Tolerance(float("inf"), -1.0)
         got = outputs[shape]
-        metrics = {name: compare_scaled(got[name], routed[name], tolerance, compare(float32[name], exact[name], loose))
+        metrics = {name: compare_scaled(got[name], routed[name], tolerance, compare(float32[name], exact[name], loose),
+                                        None if same_type is None else compare(same_type[name], exact[name], loose))
                    for name in model.output_names}
         unforced = {name: compare(got[name], exact[name], loose).rel_l2 for name in model.output_names}
         checks.append(RoutingCheck(list(shape), metrics, unforced, total, flips, differ, regret,
@@ -202,7 +207,7 @@ def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, fe
     status("routing-aware comparison: the artifact's own expert choices")
     outputs, choices = artifact_runs(Path(artifact), feeds)
     status("routing-aware comparison: PyTorch float64 with those choices")
-    checks = routing_aware_checks(load_model(), artifact_name, tolerance, feeds, outputs, choices)
+    checks = routing_aware_checks(load_model(), artifact_name, plain[0].dtype, tolerance, feeds, outputs, choices)
     rows = [Check(check.shape, f"{plain[0].backend}+artifact-routing", artifact_name, plain[0].dtype,
                   {**check.metrics, choices_row(check): _regret_metrics(check)}) for check in checks]
     for check in checks:

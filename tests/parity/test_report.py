@@ -171,3 +171,27 @@ def test_against_a_float64_reference_the_bar_scales_with_float32_pytorchs_own_er
     assert abs(verdicts["close"].pytorch_float32_rel_l2 - 6e-6) < 1e-9
     assert abs(verdicts["close"].rel_l2 - 1.5e-5) < 1e-9
     assert "f32" in render(scaled) and "2.4e-05" in render(scaled).split()
+
+
+def test_a_16_bit_artifacts_bar_also_scales_with_pytorch_in_its_own_type():
+    """bfloat16 PyTorch is 1.5e-2 off float64: an artifact 2.5e-2 off misses the fixed 2e-2 bar but is within 2x
+    PyTorch's error in its own type, one 4e-2 off is not; an overflowing float16 PyTorch run widens nothing."""
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 37))}
+    exact = {(3, 37): {"y": feeds["x"]}}
+    float32 = {(3, 37): {"y": feeds["x"] * (1.0 + 1e-7)}}
+    bf16 = {(3, 37): {"y": feeds["x"] * (1.0 + 1.5e-2)}}
+    tol = tolerance_for("bfloat16")
+    runners = [(FixedRunner(1.0 + 2.5e-2, "close"), "bfloat16", tol), (FixedRunner(1.0 + 4e-2, "far"), "bfloat16", tol)]
+    fixed = run_checks(None, runners, [(3, 37)], lambda _: feeds, expected=float32, exact=exact)
+    scaled = run_checks(None, runners, [(3, 37)], lambda _: feeds, expected=float32, exact=exact, same_type=bf16)
+    assert [c.ok for c in fixed.checks] == [False, False]
+    assert [c.ok for c in scaled.checks] == [True, False]
+    close = scaled.checks[0].outputs["y"]
+    assert abs(close.pytorch_same_type_rel_l2 - 1.5e-2) < 1e-9 and abs(close.rel_l2_bar - 3e-2) < 1e-9
+    text = render(scaled)
+    assert "16-bit" in text and "0.015" in text.split() and "16-bit type" in text
+    overflow = {(3, 37): {"y": np.full_like(feeds["x"], np.inf)}}
+    tol16 = tolerance_for("float16")
+    unwidened = run_checks(None, [(FixedRunner(1.0 + 1e-3, "f16"), "float16", tol16)], [(3, 37)], lambda _: feeds,
+                           expected=float32, exact=exact, same_type=overflow)
+    assert unwidened.checks[0].outputs["y"].rel_l2_bar == tol16.rel_l2

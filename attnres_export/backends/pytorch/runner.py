@@ -11,13 +11,16 @@ from torch.nn.utils import parametrize
 
 from attnres_export.backends.base import Feeds, Runner
 from attnres_export.dtypes import torch_dtype
+from attnres_export.models.base import KeepFloat32
 from attnres_export.ops.precision import at_least_float32
 
 
 class TorchRunner(Runner):
     """A PyTorch module in eager mode, on the CPU, computing in ``dtype`` (float32: the reference; float64: what
-    measures the float32 one's own error). The module is not copied: a tensor stored in another type is cast
-    each time it is read, so a float64 run of a multi-GB model holds one layer's weights in float64 at a time."""
+    measures the float32 one's own error; float16/bfloat16: what measures a 16-bit artifact's, with the tensors a
+    16-bit model keeps float32 left float32, as a 16-bit export keeps them). The module is not copied: a tensor
+    stored in another type is cast each time it is read, so a float64 run of a multi-GB model holds one layer's
+    weights in float64 at a time."""
 
     def __init__(self, model: nn.Module, output_names: list[str], dtype: str = "float32", artifact: str = "") -> None:
         self.backend = f"pytorch-{dtype}"
@@ -60,14 +63,16 @@ class _Cast(nn.Module):
 @contextmanager
 def read_as(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Inside, every floating-point parameter and buffer of ``model`` reads as ``dtype`` (a parametrization
-    casts it at each access); afterwards the module is as it was, the same tensors in the same places."""
+    casts it at each access), except that a 16-bit ``dtype`` leaves ``KeepFloat32`` tensors as they are;
+    afterwards the module is as it was, the same tensors in the same places."""
     cast = _Cast(dtype)
+    kept = _kept_float32(model) if dtype in (torch.float16, torch.bfloat16) else set()
     registered: list[tuple[nn.Module, str, bool]] = []
     try:
         for module in list(model.modules()):
             owned = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             for name, tensor in owned:
-                if tensor.is_floating_point() and tensor.dtype != dtype:
+                if tensor.is_floating_point() and tensor.dtype != dtype and id(tensor) not in kept:
                     transient = name in module._non_persistent_buffers_set
                     parametrize.register_parametrization(module, name, cast, unsafe=True)
                     registered.append((module, name, transient))
@@ -77,3 +82,9 @@ def read_as(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
             parametrize.remove_parametrizations(module, name, leave_parametrized=False)
             if transient:  # removal registers a buffer back as persistent: it would join the state_dict
                 module.register_buffer(name, getattr(module, name), persistent=False)
+
+
+def _kept_float32(model: nn.Module) -> set[int]:
+    """The ids of the tensors ``KeepFloat32`` modules of ``model`` keep float32 in a 16-bit model."""
+    return {id(tensor) for module in model.modules() if isinstance(module, KeepFloat32)
+            for tensor in module._float_tensors().values()}

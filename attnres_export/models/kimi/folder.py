@@ -59,6 +59,10 @@ def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple
     return cfg.to_dict(), {name: _per_head_a_log(name, tensor, cfg) for name, tensor in state.items()}
 
 
+_TOLD_VISION_LEFT_OUT: set[str] = set()
+"""Folders already told about (an export reads its folder up to three times: trace, reference, routing check)."""
+
+
 def _k3_text_model(config: dict, tensors: dict[str, torch.Tensor], where: str
                    ) -> tuple[dict, dict[str, torch.Tensor]]:
     """The text model's config and tensors of a K3 folder; the vision tower and projector left out in one line."""
@@ -78,7 +82,8 @@ def _k3_text_model(config: dict, tensors: dict[str, torch.Tensor], where: str
     if stray:
         raise CheckpointError(f"{where}: {stray[0]} is neither a {TEXT_PREFIX}* tensor of the text model nor a "
                               "vision_tower.* / mm_projector.* one of a kimi_k3 folder")
-    if vision:
+    if vision and where not in _TOLD_VISION_LEFT_OUT:
+        _TOLD_VISION_LEFT_OUT.add(where)
         log.warning("%s: left out %d vision-tower and projector tensors (vision_tower.*, mm_projector.*): attnres "
                     "exports the text model of a kimi_k3 folder", where, len(vision))
     return text, {name[len(TEXT_PREFIX):]: t for name, t in tensors.items() if name.startswith(TEXT_PREFIX)}

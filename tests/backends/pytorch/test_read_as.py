@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnres_export.backends.pytorch.runner import read_as
-from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward
+from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward, SigmoidGroupTopKRouter
 
 
 def test_a_weight_read_twice_is_cast_once_and_cast_again_once_changed_in_place():
@@ -49,3 +49,19 @@ def test_a_non_persistent_buffer_stays_out_of_the_state_dict_after_a_read():
         assert module.table.dtype == torch.float64
     assert set(module.state_dict()) == before
     assert module.table.dtype == torch.float32 and "table" in dict(module.named_buffers())
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_16_bit_read_leaves_the_tensors_a_16_bit_model_keeps_float32_unrounded(half):
+    """The PyTorch run in a 16-bit type that scales a 16-bit artifact's bar reads the model as its export holds
+    it: a router's score-correction bias stays float32 (its value unrounded), its weight is read in ``half``."""
+    router = SigmoidGroupTopKRouter(MoEConfig(hidden_size=8, moe_intermediate_size=4, num_experts=4, top_k=2,
+                                              router="sigmoid"))
+    router.e_score_correction_bias.copy_(torch.tensor([1e-3, 1 + 2 ** -12, -0.3, 0.7]))
+    bias = router.e_score_correction_bias.clone()
+    with read_as(router, half):
+        assert router.weight.dtype == half
+        assert router.e_score_correction_bias.dtype == torch.float32
+        assert torch.equal(router.e_score_correction_bias, bias)
+    with read_as(router, torch.float64):
+        assert router.e_score_correction_bias.dtype == torch.float64

@@ -31,6 +31,14 @@ def k3_folder(path, layers=7, block=3, **text_changes):
     return folder
 
 
+def test_the_vision_tower_left_out_is_said_once_however_often_the_folder_is_read(tmp_path, caplog):
+    folder = k3_folder(tmp_path / "k3", layers=3)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            load_checkpoint(folder)
+    assert caplog.text.count("left out 2 vision-tower") == 1
+
+
 @pytest.mark.parametrize("tokens", [[7], [3, 1, 4, 1, 5, 9, 2, 6, 5]])
 @torch.inference_mode()
 def test_k3_folder_logits_match_the_float64_reference_written_from_the_k3_sources(tmp_path, caplog, tokens):
