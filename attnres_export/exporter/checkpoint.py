@@ -99,7 +99,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             del job
             collect_everything()
             report = _check_staged(stage.path, out.name, references, opts, status)
-            report = with_artifact_routing(report, stage.path, out.name, references.feeds,
+            report = with_artifact_routing(report, stage.path, out.name, references,
                                            lambda: load_checkpoint(opts.source, dtype=None)[0],
                                            tolerance_for(opts.dtype, opts.tolerances),
                                            lambda what: status(f"parity: {what}"))

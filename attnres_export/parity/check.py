@@ -76,6 +76,9 @@ class References:
     """float32 PyTorch's outputs."""
     exact: dict[Shape, Feeds] | None
     """float64 PyTorch's outputs, the reference of the scaled bars (None: judged against float32 PyTorch)."""
+    choices: dict[Shape, list] = field(default_factory=dict)
+    """float64 PyTorch's own expert choices per shape (one ``[tokens, k]`` tensor per router call; none without
+    float64 or routers): what the 16-bit run is forced to, and what the routing-aware comparison starts from."""
     same_type: dict[str, dict[Shape, Feeds]] = field(default_factory=dict)
     """Per 16-bit type of the artifacts judged against float64: PyTorch's outputs computing in it, with float64's
     expert choices (its arithmetic, not its flips), whose error scales those artifacts' bars."""
@@ -120,7 +123,7 @@ def reference_outputs(subject: Subject, shapes: Sequence[Shape], status: Status 
         if subject.in_type is not None:
             status(f"PyTorch in {dtype}")
             same_type[dtype] = _routed_outputs(subject.in_type(dtype), feeds, choices)[0]
-    return References(list(shapes), feeds, expected, exact, same_type)
+    return References(list(shapes), feeds, expected, exact, choices, same_type)
 
 
 def _routed_outputs(runner: Runner, feeds: dict[Shape, Feeds], forced: dict[Shape, list] | None = None
@@ -345,7 +348,7 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
     report = judge_artifacts(runs, status)
     for artifact, run in zip(artifacts, runs, strict=True):
         if artifact.target is not None:  # an ONNX file: its routers' choices can be read (docs/parity.md)
-            report = with_artifact_routing(report, artifact.path, artifact.name, run.references.feeds,
+            report = with_artifact_routing(report, artifact.path, artifact.name, run.references,
                                            lambda: load_checkpoint(Path(checkpoint), dtype=None)[0], run.tolerance,
                                            status)
     report.extra.update({"checkpoint": str(checkpoint), "seed": seed})

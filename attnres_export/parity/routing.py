@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -32,13 +33,16 @@ from torch import nn
 from attnres_export.atomic import scratch_file_beside
 from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.backends.pytorch.runner import TorchRunner
-from attnres_export.dtypes import HALF_PRECISION, Tolerance
+from attnres_export.dtypes import Tolerance
 from attnres_export.errors import ParityError
 from attnres_export.graphs.external_data import external_locations
 from attnres_export.graphs.load import load_onnx
 from attnres_export.models.routing import RoutingTrace, traced_routing
 from attnres_export.parity.metrics import ErrorMetrics, compare, compare_scaled
 from attnres_export.parity.report import Check, Report
+
+if TYPE_CHECKING:  # parity/check.py imports this module
+    from attnres_export.parity.check import References
 
 TIE_FACTOR = 1.0
 """A flip is a tie when the chosen expert's float64 score is within ``TIE_FACTOR * rel_l2 bar`` (relative) of the
@@ -163,24 +167,24 @@ def artifact_runs(artifact: Path, feeds: dict[Shape, Feeds]) -> tuple[dict[Shape
     return outputs, choices
 
 
-def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance: Tolerance,
-                         feeds: dict[Shape, Feeds], outputs: dict[Shape, Feeds], choices: dict[Shape, list]
-                         ) -> list[RoutingCheck]:
+def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance: Tolerance, references: References,
+                         outputs: dict[Shape, Feeds], choices: dict[Shape, list]) -> list[RoutingCheck]:
     """Step 2: judge the ``dtype`` artifact's ``outputs`` against ``model`` in float64 forced to its ``choices``,
     at ``tolerance`` scaled by PyTorch's own error (float32's, and for a 16-bit artifact that of PyTorch in its
-    type), and its flips against the tie bar."""
+    type, from ``references``), and its flips against the tie bar. The plain float64 run, its choices and the
+    16-bit run come from ``references`` (parity/check.py: ``reference_outputs`` ran them on the same feeds)."""
     checks = []
-    for shape, shape_feeds in feeds.items():
-        exact, plain_trace = run_routed(model, shape_feeds, "float64")
-        float32, _ = run_routed(model, shape_feeds, "float32", plain_trace.chosen)  # its arithmetic, not its flips
-        same_type = run_routed(model, shape_feeds, dtype, plain_trace.chosen)[0] if dtype in HALF_PRECISION else None
+    for shape, shape_feeds in references.feeds.items():
+        exact, own_choices = references.exact[shape], references.choices[shape]
+        float32, _ = run_routed(model, shape_feeds, "float32", own_choices)  # its arithmetic, not its flips
+        same_type = references.same_type.get(dtype, {}).get(shape)
         routed, trace = run_routed(model, shape_feeds, "float64", choices[shape])
         if len(trace.chosen) != len(choices[shape]):
             raise ParityError(f"{artifact} has {len(choices[shape])} routers, but its model routed {len(trace.chosen)} "
                               "times: it was exported from another model")
         total, flips, regret = flip_regrets(trace)
         differ = sum(int((a.sort(-1).values != b.sort(-1).values).any(-1).sum())
-                     for a, b in zip(trace.chosen, plain_trace.chosen, strict=True))
+                     for a, b in zip(trace.chosen, own_choices, strict=True))
         loose = Tolerance(float("inf"), -1.0)
         got = outputs[shape]
         metrics = {name: compare_scaled(got[name], routed[name], tolerance, compare(float32[name], exact[name], loose),
@@ -192,22 +196,23 @@ def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance:
     return checks
 
 
-def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, feeds: dict[Shape, Feeds],
+def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, references: References,
                           load_model: Callable[[], nn.Module], tolerance: Tolerance,
                           status: Callable[[str], None] = lambda _: None) -> Report:
-    """``report`` itself when ``artifact_name``'s rows passed, or when ``artifact`` is no plain graph with routers;
-    otherwise the report with those rows judged by the routing-aware comparison instead (its plain rows and the
-    flips go to the JSON under ``routing_aware``). ``load_model`` is called after ONNX Runtime has closed the
-    artifact."""
+    """``report`` itself when ``artifact_name``'s rows passed, or when ``artifact`` is no plain graph with routers
+    judged against float64; otherwise the report with those rows judged by the routing-aware comparison instead
+    (its plain rows and the flips go to the JSON under ``routing_aware``). ``load_model`` is called after ONNX
+    Runtime has closed the artifact."""
     plain = [check for check in report.checks if check.artifact == artifact_name]
-    if all(check.ok for check in plain) or any(len(shape) != 2 for shape in feeds):
+    if all(check.ok for check in plain) or references.exact is None:
         return report
     if not router_choice_outputs(load_onnx(Path(artifact), load_external_data=False)):
         return report
     status("routing-aware comparison: the artifact's own expert choices")
-    outputs, choices = artifact_runs(Path(artifact), feeds)
+    outputs, choices = artifact_runs(Path(artifact), references.feeds)
     status("routing-aware comparison: PyTorch float64 with those choices")
-    checks = routing_aware_checks(load_model(), artifact_name, plain[0].dtype, tolerance, feeds, outputs, choices)
+    checks = routing_aware_checks(load_model(), artifact_name, plain[0].dtype, tolerance, references, outputs,
+                                  choices)
     rows = [Check(check.shape, f"{plain[0].backend}+artifact-routing", artifact_name, plain[0].dtype,
                   {**check.metrics, choices_row(check): _regret_metrics(check)}) for check in checks]
     for check in checks:
