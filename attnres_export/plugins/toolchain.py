@@ -94,9 +94,16 @@ def normalize_archs(cuda_archs: str | Sequence[str] | None, nvcc_archs: Collecti
     return ";".join(dict.fromkeys(archs))
 
 
+def _on_path(name: str) -> str | None:
+    """The program ``name`` in PATH's absolute folders: an empty or relative entry ("", ".", "bin") names the
+    working directory, from which no program runs (docs/security.md#nothing-untrusted-runs)."""
+    folders = [folder for folder in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(folder)]
+    return shutil.which(name, path=os.pathsep.join(folders))
+
+
 def find_cmake() -> str:
     """cmake on PATH, else a PluginBuildError that says how to get it."""
-    cmake = shutil.which("cmake")
+    cmake = _on_path("cmake")
     if cmake is None:
         raise PluginBuildError("cmake not found: install CMake >= 3.18 (e.g. `pip install cmake`) and put it on PATH")
     return cmake
@@ -109,7 +116,7 @@ def find_nvcc() -> str:
         if not Path(env).is_file():
             raise PluginBuildError(f"CUDACXX={env} does not exist: point it at nvcc or unset it")
         return env
-    found = shutil.which("nvcc")
+    found = _on_path("nvcc")
     if found:
         return found
     for candidate in NVCC_FALLBACKS:

@@ -1,5 +1,6 @@
-"""Two fixes to the proxy PyTriton runs on both sides of Triton's Python backend: in the files it sends Triton
-(``Model.get_proxy_model_files``) and in its tensor store in this process (``TensorStore``).
+"""Fixes to PyTriton: two to the proxy it runs on both sides of Triton's Python backend, in the files it sends
+Triton (``Model.get_proxy_model_files``) and in its tensor store in this process (``TensorStore``); one to where it
+starts ``tritonserver`` (``TritonServer.start``).
 
 - **A longer handshake wait.** PyTriton's Python-backend proxy (0.7.0, and the releases before it) has every model
   instance after the first wait 1 s for the first instance's handshake socket (``get_config_from_handshake_server``,
@@ -11,8 +12,12 @@
   which raises "cannot cast view with zeros in shape or strides" for a tensor with a zero dim: the empty past of
   a with-past graph's first step (prefill), so no generation could start through ``attnres serve``. An empty
   frame is copied as ``b""`` instead (nothing to copy; the header keeps its shape).
+- **Not in the user's folder.** ``tritonserver`` inherited the working directory of ``attnres serve``, and with it
+  every Python-backend stub and tensor store it starts, whose interpreters put it first on sys.path: measured with
+  PyTriton 0.7.0, the stubs imported ``json``, ``multiprocessing`` and ``triton_python_backend_utils``, and the
+  tensor store ``json`` and ``numpy``, from the folder the command was run from. It starts in TRITON_CWD instead.
 
-The texts are matched exactly, so a PyTriton whose proxy reads differently is left alone (the supervisor's start
+The proxy's texts are matched exactly, so a PyTriton whose proxy reads differently is left alone (the supervisor's start
 retries remain; a zero-size request then fails as before).
 """
 
@@ -33,6 +38,8 @@ FILE_PATCHES: dict[str, tuple[tuple[bytes, bytes], ...]] = {
 """Per proxy file, the exact texts replaced and their replacements."""
 ONE_SECOND, PATIENT = FILE_PATCHES["communication.py"][0]
 ZERO_SIZE_CAST, EMPTY_FRAME_CAST = FILE_PATCHES["data.py"][0]
+TRITON_CWD = "/"
+"""The working directory of ``tritonserver`` and all it starts: no Python module there, and only root writes it."""
 
 
 def patched_files(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -61,3 +68,25 @@ def patch_proxy(model_class: type, tensor_store_class: type) -> None:
     _once(tensor_store_class, "_copy_frames",
           lambda original: lambda self, frames, shm, offset: original(
               self, [frame if memoryview(frame).nbytes else b"" for frame in frames], shm, offset))
+
+
+def _started_in(folder: str) -> Callable[[Callable], Callable]:
+    """``TritonServer.start`` with ``folder`` as the working directory of the process it starts: PyTriton starts
+    ``tritonserver`` through ``sh``, whose commands take it from ``sh.Command``'s defaults when not given."""
+    def wrap(original: Callable) -> Callable:
+        def start(self) -> None:
+            import sh
+
+            defaults = sh.Command._call_args
+            saved, defaults["cwd"] = defaults["cwd"], folder
+            try:
+                original(self)
+            finally:
+                defaults["cwd"] = saved
+        return start
+    return wrap
+
+
+def patch_server_start(server_class: type) -> None:
+    """Patch PyTriton's ``TritonServer`` to start ``tritonserver`` in TRITON_CWD, once."""
+    _once(server_class, "start", _started_in(TRITON_CWD))

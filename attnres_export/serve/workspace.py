@@ -15,11 +15,11 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from attnres_export.serve.dependencies import ServeError
+from attnres_export.spawn import python_code
 
 SHM_DIR = Path("/dev/shm")
 UNIX_PATH_MAX = 107
@@ -90,7 +90,7 @@ class ServeWorkspace:
         self._leftovers: list[Path] = []
         read, write = os.pipe()
         try:
-            self._guard = subprocess.Popen([sys.executable, "-I", "-c", GUARD, str(self.root), self.prefix],
+            self._guard = subprocess.Popen(python_code(GUARD, str(self.root), self.prefix),
                                            stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                            start_new_session=True)
         except OSError:

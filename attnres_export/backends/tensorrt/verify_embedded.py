@@ -2,9 +2,9 @@
 
 The build process has the library loaded, so only another process shows whether ``--embed-plugin`` worked:
 TensorRT serializes plugin libraries only into version-compatible engines, and an engine that merely looks
-embedded would fail on the first machine without the library. Run as
-``python -m attnres_export.backends.tensorrt.verify_embedded ENGINE`` (exit 0: it deserializes; 1: one line on
-stderr says why).
+embedded would fail on the first machine without the library. Started through ``attnres_export.spawn`` (nothing
+of the user's folder is importable) with ``main([ENGINE])``: exit 0, it deserializes; NOT_EMBEDDED, one line on
+stderr says why not; anything else, the check never got to the engine.
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ from pathlib import Path
 
 from attnres_export.backends.tensorrt.api import logger, require_tensorrt
 from attnres_export.errors import EngineError
+from attnres_export.spawn import python_main
 
 TIMEOUT_S = 600
+NOT_EMBEDDED = 3
+"""The child's exit status when the engine does not deserialize there (Python's own status for an uncaught
+exception, a failed import say, is 1)."""
 
 
 def embedding_failure(engine: Path) -> str | None:
     """None when a fresh process deserializes ``engine`` with no plugin library loaded, else why it could not."""
-    command = [sys.executable, "-m", "attnres_export.backends.tensorrt.verify_embedded", str(engine)]
+    command = python_main("attnres_export.backends.tensorrt.verify_embedded", str(engine))
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -29,7 +33,10 @@ def embedding_failure(engine: Path) -> str | None:
     if proc.returncode == 0:
         return None
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else f"the check in a fresh process exited with status {proc.returncode}"
+    last = lines[-1] if lines else "no output"
+    if proc.returncode == NOT_EMBEDDED:
+        return last
+    return f"the check in a fresh process failed before it read the engine (exit {proc.returncode}: {last})"
 
 
 def deserializes_without_library(engine: Path) -> str | None:
@@ -48,15 +55,9 @@ def deserializes_without_library(engine: Path) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m attnres_export.backends.tensorrt.verify_embedded ENGINE", file=sys.stderr)
-        return 2
-    failure = deserializes_without_library(Path(argv[0]))
+    (engine,) = argv
+    failure = deserializes_without_library(Path(engine))
     if failure is not None:
         print(failure, file=sys.stderr)
-        return 1
+        return NOT_EMBEDDED
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import onnx
 import pytest
@@ -13,9 +12,11 @@ from typer.testing import CliRunner
 
 from attnres_export.backends.tensorrt.builder import BuildOptions, build_engine
 from attnres_export.backends.tensorrt.manifest import read_manifest, sha256_file
+from attnres_export.backends.tensorrt.verify_embedded import NOT_EMBEDDED
 from attnres_export.cli import app
 from attnres_export.dims import DimRange
 from attnres_export.errors import EngineError
+from attnres_export.spawn import python_main
 from tests.backends.tensorrt.graphs import aggregate_model, past_model
 
 
@@ -83,9 +84,9 @@ def test_the_fresh_process_check_fails_in_one_line_for_an_engine_without_its_plu
         fake_trt, libraries, exported_onnx, tmp_path):
     out = tmp_path / "m.engine"
     build_engine(BuildOptions(exported_onnx, out, plugin=libraries.trt))
-    proc = subprocess.run([sys.executable, "-m", "attnres_export.backends.tensorrt.verify_embedded", str(out)],
+    proc = subprocess.run(python_main("attnres_export.backends.tensorrt.verify_embedded", str(out)),
                           capture_output=True, text=True, check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == NOT_EMBEDDED
     assert proc.stderr.strip().splitlines() == [
         f"TensorRT {fake_trt.__version__} could not deserialize it in a fresh process that loads no plugin library, "
         "with engine host code allowed"]
