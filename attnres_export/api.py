@@ -19,10 +19,11 @@ import onnx
 import torch
 from torch import nn
 
+from attnres_export.atomic import check_outputs
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import Tolerance
 from attnres_export.exporter.foreign import ForeignExportResult, export_source, module_source, refuse_unfused
-from attnres_export.exporter.options import DEFAULT_OPSET, ExportOptions, validate_options
+from attnres_export.exporter.options import DEFAULT_OPSET, ExportOptions, export_outputs, validate_options
 from attnres_export.graphs.fusion import FusionResult, random_feeds
 from attnres_export.graphs.validate import validate_attnres_nodes
 from attnres_export.parity.check import check_artifacts
@@ -44,6 +45,7 @@ def export(module: nn.Module, example_inputs: tuple | Mapping[str, torch.Tensor]
     opts = ExportOptions(source=Path(f"<{type(module).__name__}>"), output=Path(output), target=target, opset=opset,
                          batch=DimRange(1, 1, 1), check=check, seed=seed, tolerances=dict(tolerances or {}))
     validate_options(opts)
+    check_outputs(export_outputs(opts.output), {})
     source = module_source(module.eval().float(), args, kwargs, dynamic_shapes, opset)
     return export_source(source, opts, strict)
 

@@ -141,21 +141,67 @@ def refuse_non_regular(path: Path, option: str) -> None:
                            "write to a file path")
 
 
-def check_outputs(outputs: Mapping[str, Path | None], inputs: Mapping[str, Path | None]) -> None:
-    """Refuse, before any work, outputs that are not regular files or that alias an input (a folder input: any file
-in it, so its weights or config are never overwritten) or each other.
+def check_outputs(outputs: Mapping[str, Path | None], inputs: Mapping[str, Path | None],
+                  folders: Mapping[str, Path | None] | None = None) -> None:
+    """Refuse, before any work, outputs that are not regular files, whose folder cannot be made or written, or that
+    alias an input (a folder input: any file in it, so its weights or config are never overwritten) or each other.
 
-    Keys are the option names shown in messages (``-o``, ``--report``, ``MODEL``)."""
+    ``folders`` are output folders (``--genai DIR`` and its ``.failed`` copy): each must be a folder or not exist
+    yet, and no input or other output may lie inside one (``--report DIR/genai_config.json`` would replace a file
+    the folder holds). Keys are the option names shown in messages (``-o``, ``--report``, ``MODEL``)."""
     given_outputs = {name: Path(p) for name, p in outputs.items() if p is not None}
+    given_folders = {name: Path(p) for name, p in (folders or {}).items() if p is not None}
     for name, path in given_outputs.items():
         refuse_non_regular(path, name)
-    seen: dict[Path, str] = {}
+        _refuse_unwritable_folder(path, name)
+    for name, folder in given_folders.items():
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise AttnresError(f"{name} {folder} is not a folder (a file or a link); choose a folder path")
+        _refuse_unwritable_folder(folder, name)
     given_inputs = [(n, Path(p)) for n, p in inputs.items() if p is not None]
     made_of = [(f"{n} (its file {f.name})", f) for n, p in given_inputs if p.is_dir()
                for f in sorted(p.iterdir()) if f.is_file()]
-    for name, path in [*given_inputs, *made_of, *given_outputs.items()]:
+    seen: dict[Path, str] = {}
+    for name, path in [*given_inputs, *made_of]:
+        seen.setdefault(path.resolve(), name)  # inputs may share a file (a folder's link to its own file)
+    for name, path in given_outputs.items():
         key = path.resolve()
         if key in seen:
-            raise AttnresError(f"{name} {path} is the same file as {seen[key]}; choose a different {name} path "
-                               "(an output never replaces an input or another output)")
+            raise AttnresError(f"{name} {path} is the same file as {seen[key]}; choose another path (an output "
+                               "never replaces an input or another output)")
         seen[key] = name
+    _refuse_inside_folders(given_folders, given_inputs, given_outputs)
+
+
+def _refuse_inside_folders(folders: Mapping[str, Path], inputs: list[tuple[str, Path]],
+                           outputs: Mapping[str, Path]) -> None:
+    """No input, other output or other output folder lies inside an output folder (or is it)."""
+    for name, folder in folders.items():
+        key = folder.resolve()
+        for input_name, path in inputs:
+            if path.resolve().is_relative_to(key):
+                raise AttnresError(f"{name} {folder} holds {input_name} {path}; choose a folder outside it")
+        others = [*outputs.items(), *((n, f) for n, f in folders.items() if n != name)]
+        for other, path in others:
+            if path.resolve().is_relative_to(key):
+                raise AttnresError(f"{other} {path} is inside {name} {folder}, which this command writes; choose a "
+                                   f"{other} path outside it")
+
+
+def _refuse_unwritable_folder(path: Path, option: str) -> None:
+    """The folder of ``path`` exists and takes new entries, or can be made: else the command would fail only after
+    its work, perhaps after an earlier output was renamed into place. Probed by making and removing a
+    temporary folder in the nearest existing ancestor (permission bits do not tell what root, a read-only mount
+    or /proc allows)."""
+    ancestor = path.absolute().parent
+    while not os.path.lexists(ancestor):
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise AttnresError(f"{option} {path}: its folder cannot be made ({ancestor} is a file or a dangling link); "
+                           "choose a path in a folder")
+    try:
+        with deferred_signals():
+            os.rmdir(tempfile.mkdtemp(prefix=_prefix(path), dir=ancestor))
+    except OSError as exc:
+        raise AttnresError(f"{option} {path}: cannot write in {ancestor} ({exc.strerror}); choose a path in a "
+                           "folder you can write") from None

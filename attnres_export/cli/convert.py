@@ -10,6 +10,7 @@ import typer
 from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import Target, file_size, require_files
+from attnres_export.exporter.options import onnx_files
 
 ORT_TRT_NOTE = (
     "for ONNX Runtime's TensorRT execution provider from ONNX Runtime 1.22 (earlier versions list no IPluginV3 "
@@ -26,7 +27,7 @@ def convert(
 ) -> None:
     """Rewrite an exported ONNX for another target (fused nodes <-> standard-op decomposition)."""
     require_files([("SOURCE", source)])
-    check_outputs({"-o": output}, {"SOURCE": source})
+    check_outputs(onnx_files("-o", output), {"SOURCE": source})
     from attnres_export.graphs.load import load_onnx
     from attnres_export.graphs.save import save_onnx_atomic
     from attnres_export.graphs.targets import convert as convert_model

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import require_files
 from attnres_export.errors import AttnresError
@@ -25,8 +26,7 @@ def convert_checkpoint(
     if max_shard_mb is not None and not max_shard_mb > 0:
         raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
     require_files([("SOURCE", source)])
-    if out_dir.resolve() == source.resolve():
-        raise AttnresError(f"OUT_DIR {out_dir} is SOURCE; choose a new folder")
+    check_outputs({}, {"SOURCE": source}, {"OUT_DIR": out_dir})
     from attnres_export.models import load_checkpoint
     from attnres_export.models.hf_folder import save_folder
 

@@ -27,6 +27,7 @@ from attnres_export.exporter.collection import collect_everything, collecting_ne
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
+    export_outputs,
     failed_path,
     refuse_default_output_of_another_source,
     validate_options,
@@ -75,7 +76,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     model is released between."""
     validate_options(opts)
     out = opts.resolved_output()
-    check_outputs({"-o": out}, {"MODEL": opts.source})
+    check_outputs(export_outputs(out), {"MODEL": opts.source})
     refuse_default_output_of_another_source(opts)
     status(f"loading {opts.source}")
     job = _job(*_models(opts), opts)

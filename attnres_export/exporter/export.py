@@ -21,6 +21,7 @@ from attnres_export.exporter.foreign import ForeignOptions, export_source, load_
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
+    export_outputs,
     refuse_default_output_of_another_source,
     validate_options,
 )
@@ -58,7 +59,7 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions,
         raise ExportError(f"--fuse-norm: only attnres checkpoints are exported with fused norms; "
                           f"{opts.source.name} is a foreign model ({kind}); drop --fuse-norm")
     validate_options(opts)
-    check_outputs({"-o": opts.resolved_output()}, {"MODEL": opts.source})
+    check_outputs(export_outputs(opts.resolved_output()), {"MODEL": opts.source})
     refuse_default_output_of_another_source(opts)
     if opts.dtype != "float32" and kind == "onnx":
         raise ExportError("--dtype: an ONNX file is exported in its own precision; export the source model in "

@@ -6,8 +6,9 @@ The with-past export of the ``portable`` target is written into a private folder
 RMSNorms ``SimplifiedLayerNormalization`` (``genai_norms.py``); then
 ``genai_config.json`` (``genai_config.py``) and the checkpoint's tokenizer files join it. The model in the folder is
 checked against the PyTorch model as any export is, and the folder is renamed into place; one that misses its
-parity bar is kept whole as ``DIR.failed``, never as ``DIR``. The fused attnres nodes of the other targets need a
-custom-op library that onnxruntime-genai cannot load yet.
+parity bar is kept whole as ``DIR.failed``, never as ``DIR``. Neither replaces a folder that an earlier ``--genai``
+export did not write (``genai_options.py``: checked before the export and again before the rename). The fused
+attnres nodes of the other targets need a custom-op library that onnxruntime-genai cannot load yet.
 """
 
 from __future__ import annotations
@@ -22,22 +23,24 @@ from pathlib import Path
 import onnx
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
-from attnres_export.errors import ExportError
 from attnres_export.exporter.export import export_any
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_attention import group_query_attention
 from attnres_export.exporter.genai_config import genai_config
 from attnres_export.exporter.genai_norms import simplified_layer_norms
-from attnres_export.exporter.genai_options import CONFIG_FILE, MODEL_FILE, genai_options
+from attnres_export.exporter.genai_options import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    check_folder,
+    failed_folder,
+    genai_options,
+    tokenizer_files,
+    tokens_folder,
+)
 from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults, json_file
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
-                   "chat_template.json")
-"""What ``transformers``' ``save_pretrained`` writes for a tokenizer and onnxruntime-genai's tokenizer reads."""
 
 
 def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
@@ -45,7 +48,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     """Export ``opts.source`` with past into a complete onnxruntime-genai folder at ``folder``."""
     folder = Path(folder)
     opts = genai_options(opts, folder)
-    tokens_from = opts.source if opts.source.is_dir() else opts.source.parent
+    tokens_from = tokens_folder(opts.source)
     generation_defaults(tokens_from, hf_config_file=opts.source.is_dir())  # refuse before the export, not after
     with temporary_dir_beside(folder) as scratch:
         staged = scratch / "folder"
@@ -68,7 +71,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
             from attnres_export.models import load_checkpoint
 
             report = check_export(load_checkpoint(opts.source, dtype=None)[0], path, opts, status)
-        target = folder if report is None or report.ok else folder.with_name(folder.name + ".failed")
+        target = folder if report is None or report.ok else failed_folder(folder)
         _move_into_place(staged, target, scratch)
     if report is not None:
         report.extra.update({"onnx": str(target / MODEL_FILE), "genai": str(target), "genai_tokens": _summary(defaults),
@@ -109,20 +112,19 @@ def _write_config(folder: Path, config: dict) -> None:
 
 
 def _copy_tokenizer(source: Path, folder: Path) -> None:
-    """The checkpoint's tokenizer files, when it has them (regular files only)."""
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, folder / name)
-            os.chmod(folder / name, default_file_mode())
+    """The checkpoint's tokenizer files, when it has them (regular files in its folder, checked again here)."""
+    for file in tokenizer_files(source):
+        shutil.copyfile(file, folder / file.name)
+        os.chmod(folder / file.name, default_file_mode())
 
 
 def _move_into_place(staged: Path, folder: Path, scratch: Path) -> None:
-    """Rename ``staged`` to ``folder``; a folder already there (allowed by ``genai_options.check_folder``, or an earlier
-    ``.failed`` one) is moved into ``scratch`` first and removed with it."""
-    if folder.is_dir() and not folder.is_symlink():
+    """Rename ``staged`` to ``folder``; a folder already there, checked again now that the export is done (empty,
+    or an earlier ``--genai`` export's: ``genai_options.check_folder``), is moved into ``scratch`` first and
+    removed with it."""
+    check_folder(folder, "--genai")
+    if folder.is_dir():
         os.replace(folder, scratch / "previous")
-    elif folder.exists() or folder.is_symlink():
-        raise ExportError(f"{folder} exists and is not a folder; remove it")
     os.replace(staged, folder)
 
 

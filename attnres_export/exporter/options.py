@@ -106,6 +106,17 @@ def failed_path(out: Path) -> Path:
     return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
 
 
+def onnx_files(option: str, out: Path) -> dict[str, Path]:
+    """An ONNX output and the data file written beside it when the model is over protobuf's 2 GB limit."""
+    return {option: out, f"{option}'s data file": out.with_name(out.name + ".data")}
+
+
+def export_outputs(out: Path) -> dict[str, Path]:
+    """Every file an export (or ``attnres fuse``) to ``out`` may write, for ``atomic.check_outputs``: the model, or
+    its failed copy when the check fails, each with its data file."""
+    return {**onnx_files("-o", out), **onnx_files("the failed copy of -o", failed_path(out))}
+
+
 def publish(model: onnx.ModelProto, out: Path, report: Report | None,
             status: Callable[[str], None]) -> tuple[Path, list[Path]]:
     """Write ``model`` to ``out`` when its check passed (or did not run), else to ``OUT.failed.onnx``: a model

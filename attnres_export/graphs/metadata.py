@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 
@@ -27,6 +31,55 @@ def export_info(model: onnx.ModelProto) -> dict:
     if not isinstance(info, dict):
         raise GraphError(f"metadata {EXPORT_KEY!r} is not a JSON object; re-export the model")
     return info
+
+
+_METADATA_PROPS = 14
+"""``ModelProto.metadata_props``: repeated ``StringStringEntryProto`` (``key`` is its field 1)."""
+_FIXED_SIZES = {1: 8, 5: 4}
+"""Protobuf wire types of fixed size: 64-bit and 32-bit."""
+_MAX_ENTRY_BYTES = 64 << 20
+
+
+def records_export(path: Path) -> bool:
+    """Whether the ONNX file ``path`` carries attnres-export's metadata (False for any other file), read off the
+    protobuf wire: the graph is skipped, not parsed (a model under 2 GB holds its weights inline, so loading it to
+    ask would read them all)."""
+    try:
+        with open(path, "rb") as stream:
+            end = os.fstat(stream.fileno()).st_size
+            while stream.tell() < end:
+                field, wire = divmod(_varint(stream), 8)
+                if wire == 0:
+                    _varint(stream)
+                elif wire in _FIXED_SIZES:
+                    stream.seek(_FIXED_SIZES[wire], os.SEEK_CUR)
+                elif wire != 2:
+                    return False
+                elif (length := _varint(stream)) > _MAX_ENTRY_BYTES or field != _METADATA_PROPS:
+                    stream.seek(length, os.SEEK_CUR)
+                elif _entry_key(stream.read(length)) == EXPORT_KEY.encode():
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _entry_key(entry: bytes) -> bytes | None:
+    """The ``key`` of a serialized ``StringStringEntryProto`` (written first, as field 1)."""
+    stream = io.BytesIO(entry)
+    if _varint(stream) != (1 << 3 | 2):
+        return None
+    return stream.read(_varint(stream))
+
+
+def _varint(stream: BinaryIO) -> int:
+    value = shift = 0
+    while byte := stream.read(1):
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+    raise ValueError("truncated varint")
 
 
 def onnx_dtype(model: onnx.ModelProto) -> str:

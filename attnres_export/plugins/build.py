@@ -410,6 +410,35 @@ class _Tree:
         return replace(result, cached=False)
 
 
+_BUILD_ENTRIES = ("build", "lib", LOG_FILE, INFO_FILE, LOCK_FILE)
+"""What a build writes into its folder, besides its ``tensorrt-<key>/`` folders."""
+_TENSORRT_ENTRIES = ("lib", INFO_FILE)
+
+
+def _refuse_foreign_folder(folder: Path) -> None:
+    """``--out`` is new, empty or a build folder: a build removes the ``tensorrt-*`` folders, the log and the info of
+    an earlier build there, which in any other folder would be files of the user's."""
+    if folder.exists() and not folder.is_dir():
+        raise PluginBuildError(f"--out {folder} is not a folder; choose a new or empty folder")
+    stranger = _stranger(folder, _BUILD_ENTRIES) if folder.is_dir() else None
+    if stranger is not None:
+        raise PluginBuildError(f"--out {folder} holds {stranger.relative_to(folder)}, which no plugin build wrote (a "
+                               "build there removes an earlier build's files); choose a new or empty folder")
+
+
+def _stranger(folder: Path, ours: tuple[str, ...]) -> Path | None:
+    """The first entry of ``folder`` no build wrote: not one of ``ours`` nor a killed write's temporary of one, nor
+    (in the build folder) a ``tensorrt-*`` folder holding only its own."""
+    for entry in sorted(folder.iterdir()):
+        if ours is _BUILD_ENTRIES and entry.name.startswith(TENSORRT_DIR_PREFIX) and entry.is_dir() \
+                and not entry.is_symlink():
+            if (inner := _stranger(entry, _TENSORRT_ENTRIES)) is not None:
+                return inner
+        elif entry.name not in ours and not any(entry.name.startswith(f".{name}.") for name in ours):
+            return entry
+    return None
+
+
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s build lock: two builds into one folder (one CMake tree) run one after the other."""
@@ -448,6 +477,8 @@ def build_plugins(
     with the fix). That is known before anything compiles and reported through ``status`` at once. Bad options
     and compiler errors raise PluginBuildError.
     """
+    if out_dir is not None:
+        _refuse_foreign_folder(Path(out_dir))
     cmake = find_cmake()
     nvcc = find_nvcc()
     nvcc_text = nvcc_version(nvcc)

@@ -54,14 +54,14 @@ def test_tensorrt_key_changes_with_the_kernels_and_each_tensorrt_input() -> None
 
 
 def test_missing_cmake_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name, path=None: None)
     with pytest.raises(PluginBuildError, match="cmake not found: install CMake"):
         build.build_plugins(kernels_only=True)
 
 
 def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDACXX", raising=False)
-    monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/cmake" if name == "cmake" else None)
+    monkeypatch.setattr(build.shutil, "which", lambda name, path=None: "/usr/bin/cmake" if name == "cmake" else None)
     monkeypatch.setattr(toolchain, "NVCC_FALLBACKS", ())
     with pytest.raises(PluginBuildError, match="nvcc not found: install the CUDA toolkit or set CUDACXX"):
         build.build_plugins(kernels_only=True)
@@ -100,7 +100,7 @@ def test_cli_path_with_nothing_built_exits_1(tmp_path: Path, monkeypatch: pytest
 
 
 def test_cli_build_error_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name, path=None: None)
     result = CliRunner().invoke(plugin_app, ["build", "--kernels-only", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert [line for line in result.output.splitlines() if line.strip()] == [
