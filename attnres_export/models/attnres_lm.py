@@ -33,6 +33,7 @@ from attnres_export.models.base import (
     step_output_names,
 )
 from attnres_export.models.config import FamilyConfig
+from attnres_export.models.limits import EPS, HEADS, LAYERS, MAX_LAYERS, WIDTH, Range
 from attnres_export.ops.aggregate import attnres_aggregate
 from attnres_export.ops.aggregate_norm import attnres_aggregate_norm, rms_norm_reference
 from attnres_export.ops.precision import at_least_float32
@@ -58,7 +59,9 @@ class AttnResLMConfig(FamilyConfig):
     eps: float = 1e-6
 
     LEGACY: ClassVar[dict] = {"running_mean": False}
-    POSITIVE: ClassVar[tuple[str, ...]] = ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+    RANGES: ClassVar[dict[str, Range]] = {
+        **FamilyConfig.RANGES, "d_model": WIDTH, "n_layers": LAYERS, "n_heads": HEADS, "d_ff": WIDTH, "eps": EPS,
+        "block_size": Range(0, 2 * MAX_LAYERS)}
 
     def problems(self) -> Iterator[str]:
         yield from super().problems()
@@ -66,13 +69,10 @@ class AttnResLMConfig(FamilyConfig):
             yield f"arch must be attnres-lm, got {self.arch!r}"
         if self.residual not in RESIDUALS:
             yield f"residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}"
-        if self.block_size < 0:
-            yield f"block_size must be >= 0 (0 = Full AttnRes), got {self.block_size}"
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             yield f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
         elif self.n_heads >= 1 and (self.d_model // self.n_heads) % 2:
             yield f"head size {self.d_model // self.n_heads} must be even for rotary embeddings"
-        yield from self.eps_problem(self.eps)
 
     @property
     def head_dim(self) -> int:

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from attnres_export.atomic import atomic_write
-from attnres_export.dtypes import torch_dtype
+from attnres_export.dtypes import STORAGE_TYPES, torch_dtype
 from attnres_export.errors import CheckpointError
 from attnres_export.models.base import KeepFloat32
+from attnres_export.models.limits import layer_count_refusal, layer_index, layer_indices
 from attnres_export.models.registry import architecture, build_model, config_from_dict
 from attnres_export.models.threads import single_threaded
 
@@ -59,6 +60,21 @@ def load_checkpoint(path: Path, dtype: str | None = "float32") -> tuple[nn.Modul
         model = build_model(cfg)
     _load_state(model, payload["state_dict"], path, dtype, reread)
     return model.eval(), cfg
+
+
+STORED_TYPES = frozenset(torch_dtype(name) for name in STORAGE_TYPES)
+"""The types weights may be stored in: the storage types (float32, float16, bfloat16). float64 (no export holds
+it) and the float8 types (quantized checkpoints, read by no family yet) are refused by ``check_stored_type``, the one
+place that decides. A one-byte type admitted here needs ``_finite`` to widen it first: torch calls every
+float8_e8m0fnu value finite, its NaN (0xFF) included."""
+
+
+def check_stored_type(name: str, tensor: torch.Tensor, where: Any) -> None:
+    """Refuse a tensor stored in a type other than ``STORED_TYPES``, naming it and its type."""
+    if tensor.dtype not in STORED_TYPES:
+        raise CheckpointError(f"{where}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; attnres "
+                              "reads weights stored as float32, float16 or bfloat16 (convert the checkpoint to one "
+                              "of them)")
 
 
 CAST_GROUP_BYTES = 256 << 20
@@ -150,26 +166,15 @@ def _read_payload(path: Path) -> dict:
     return payload
 
 
-MAX_SEQ_LEN = 1 << 20
-"""Longest sequence a config may declare: the rotary tables alone are ``max_seq_len x head_dim`` floats."""
-
-
 def _check_sizes_before_building(cfg: Any, state: dict, path: Path) -> None:
     """The config's sizes must match the weights before a model of that size is allocated: a config claiming
     10**6 layers or a 10**9 vocabulary is refused here instead of exhausting memory in the constructor."""
     model_type = architecture(cfg.arch).model_type()
     prefix = model_type.LAYER_PREFIX
-    layers = {int(key[len(prefix):].split(".")[0]) for key in state if isinstance(key, str)
-              and key.startswith(prefix) and key[len(prefix):].split(".")[0].isdigit()}
-    if len(layers) != cfg.n_layers or layers != set(range(len(layers))):
-        beyond = sorted(key for key in state if isinstance(key, str) and key.startswith(prefix)
-                        and key[len(prefix):].split(".")[0].isdigit()
-                        and int(key[len(prefix):].split(".")[0]) >= cfg.n_layers)
-        named = f" ({beyond[0]} is past the last)" if beyond else ""
-        raise CheckpointError(f"{path}: config says n_layers={cfg.n_layers} but the state_dict holds "
-                              f"{len(layers)} layers{named}; fix the config or the weights")
-    if cfg.max_seq_len > MAX_SEQ_LEN:
-        raise CheckpointError(f"{path}: config max_seq_len {cfg.max_seq_len} is over {MAX_SEQ_LEN}; lower it")
+    layers = layer_indices(state, prefix)
+    if len(layers) != cfg.n_layers or max(layers) != cfg.n_layers - 1:
+        past = sorted(key for key in state if (index := layer_index(key, prefix)) is not None and index >= cfg.n_layers)
+        raise layer_count_refusal(cfg.n_layers, layers, str(path), past=past[0] if past else None)
     for key, fields in model_type.STATE_SIZE_KEYS.items():
         value = state.get(key)
         if not isinstance(value, torch.Tensor):
@@ -201,8 +206,7 @@ def _load_state(model: nn.Module, state: dict, path: Path, dtype: str | None,
             raise CheckpointError(
                 f"{path}: state_dict[{key!r}] has shape {list(value.shape)}, the config needs {list(ref.shape)}"
             )
-        if not value.is_floating_point():
-            raise CheckpointError(f"{path}: state_dict[{key!r}] is {value.dtype}, expected a floating-point tensor")
+        check_stored_type(f"state_dict[{key!r}]", value, path)
     wanted = _stored_types(model, state, dtype)
     with single_threaded():
         loaded = _checked_and_cast(state, wanted, path, reread)
@@ -236,10 +240,8 @@ def _finite(value: torch.Tensor, key: str, path: Path) -> torch.Tensor:
     """``value`` when it holds no NaN or infinity. A finite float32 sum proves it (a NaN or an infinity makes every
     sum NaN or infinite) in one pass and without a mask, several times faster than ``isfinite`` over the weights
     (docs/exporter-notes.md#assembled-export); only a sum that is not finite (such a value, or finite values whose
-    sum overflows float32) is checked element by element. One-byte float types are widened first: torch calls every
-    float8_e8m0fnu value finite, its NaN (0xFF) included."""
-    probe = value.float() if value.element_size() == 1 else value
-    if not bool(torch.isfinite(probe.sum(dtype=torch.float32))) and not bool(torch.isfinite(probe).all()):
+    sum overflows float32) is checked element by element."""
+    if not bool(torch.isfinite(value.sum(dtype=torch.float32))) and not bool(torch.isfinite(value).all()):
         raise CheckpointError(f"{path}: state_dict[{key!r}] holds NaN or infinite values; the weights are "
                               "corrupted (re-save them from a healthy model)")
     return value

@@ -3,12 +3,13 @@ dataclass shares (each family defines its own fields next to its model, nanoGPT-
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from attnres_export.errors import CheckpointError
+from attnres_export.models.limits import POSITIONS, VOCAB, Range, few, is_whole, shown
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class FamilyConfig:
     """Keys a stored config may leave out (they take the field's default)."""
     LEGACY: ClassVar[dict[str, Any]] = {}
     """Keys older checkpoints wrote for every family: accepted only with this value, then dropped."""
-    POSITIVE: ClassVar[tuple[str, ...]] = ("vocab_size", "max_seq_len")
+    RANGES: ClassVar[dict[str, Range]] = {"vocab_size": VOCAB, "max_seq_len": POSITIONS}
+    """Every number of the config and its accepted values (``models/limits.py``): the one place they are checked."""
 
     def __post_init__(self) -> None:
         problems = list(self.problems())
@@ -32,14 +34,11 @@ class FamilyConfig:
             raise CheckpointError(f"invalid model config: {'; '.join(problems)}")
 
     def problems(self) -> Iterator[str]:
-        for name in self.POSITIVE:
-            if getattr(self, name) < 1:
-                yield f"{name} must be >= 1, got {getattr(self, name)}"
-
-    @staticmethod
-    def eps_problem(eps: float) -> Iterator[str]:
-        if not (math.isfinite(eps) and eps >= 0):
-            yield f"eps must be a finite number >= 0, got {eps}"
+        """The numbers out of their ``RANGES``; a family adds the checks that relate its fields."""
+        for name, accepted in self.RANGES.items():
+            value = getattr(self, name)
+            if not accepted.holds(value):
+                yield f"{name} must be {accepted.describe()}, got {name}={shown(value)}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,12 +53,12 @@ class FamilyConfig:
         for key, value in cls.LEGACY.items():
             if key in raw and key not in known:
                 if raw[key] != value:
-                    raise CheckpointError(f"checkpoint config key {key!r} = {raw[key]!r} does not apply to "
-                                          f"{raw.get('arch')!r} models (only {value!r})")
+                    raise CheckpointError(f"checkpoint config key {key!r} = {shown(raw[key])} does not apply to "
+                                          f"{shown(raw.get('arch'))} models (only {value!r})")
                 del raw[key]
-        unknown = sorted(set(raw) - set(known))
+        unknown = sorted(set(raw) - set(known), key=str)
         if unknown:
-            raise CheckpointError(f"checkpoint config has unknown keys: {', '.join(map(str, unknown))}")
+            raise CheckpointError(f"checkpoint config has unknown keys: {few(unknown)}")
         missing = sorted(set(known) - set(raw) - cls.OPTIONAL)
         if missing:
             raise CheckpointError(f"checkpoint config is missing keys: {', '.join(missing)}")
@@ -68,12 +67,14 @@ class FamilyConfig:
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     expected = {"int": int, "float": float, "str": str, "bool": bool}[str(annotation)]
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+    if expected is float and is_whole(value):
+        if abs(value) > sys.float_info.max:
+            raise CheckpointError(f"checkpoint config key {name!r} = {shown(value)} is beyond a float's range")
         return float(value)
     if expected is int and isinstance(value, bool):
         raise CheckpointError(f"checkpoint config key {name!r} must be int, got bool")
     if not isinstance(value, expected):
         raise CheckpointError(
-            f"checkpoint config key {name!r} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+            f"checkpoint config key {name!r} must be {expected.__name__}, got {type(value).__name__} {shown(value)}"
         )
     return value

@@ -20,6 +20,8 @@ import torch
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
+from attnres_export.models.checkpoint import check_stored_type
+from attnres_export.models.limits import MAX_CONFIG_DEPTH, check_depth
 from attnres_export.models.registry import architecture, for_hf_model_type, hf_model_types
 
 CONFIG_FILE = "config.json"
@@ -114,8 +116,12 @@ def _read_config(path: Path) -> dict:
         config = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise CheckpointError(f"{file}: nested too deeply for Python's JSON reader (more than "
+                              f"{MAX_CONFIG_DEPTH} levels is not a model config)") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{file}: expected a JSON object")
+    check_depth(config, str(file))
     return config
 
 
@@ -154,6 +160,9 @@ def _load_file(file: Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise CheckpointError(f"{file}: no such shard")
     try:
-        return load_file(str(file))
+        tensors = load_file(str(file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{file}: not a readable safetensors file ({str(exc).splitlines()[0][:200]})") from exc
+    for name, tensor in tensors.items():
+        check_stored_type(name, tensor, file)
+    return tensors

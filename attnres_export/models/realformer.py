@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnres_export.models.config import FamilyConfig
+from attnres_export.models.limits import EPS, HEADS, LAYERS, WIDTH, Range
 from attnres_export.ops.precision import at_least_float32
 from attnres_export.ops.residual_attention import residual_score_attention
 
@@ -43,7 +44,8 @@ class RealFormerConfig(FamilyConfig):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"running_mean"})
     LEGACY: ClassVar[dict] = {"residual": "standard", "block_size": 0}
-    POSITIVE: ClassVar[tuple[str, ...]] = ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+    RANGES: ClassVar[dict[str, Range]] = {
+        **FamilyConfig.RANGES, "d_model": WIDTH, "n_layers": LAYERS, "n_heads": HEADS, "d_ff": WIDTH, "eps": EPS}
 
     def problems(self) -> Iterator[str]:
         yield from super().problems()
@@ -51,7 +53,6 @@ class RealFormerConfig(FamilyConfig):
             yield f"arch must be realformer, got {self.arch!r}"
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             yield f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
-        yield from self.eps_problem(self.eps)
 
     @property
     def head_dim(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnres_export.errors import CheckpointError
+from attnres_export.models.limits import check_depth
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def config_from_dict(raw: Any) -> Any:
     """The family config of a checkpoint's plain-values ``config`` (its ``arch`` picks the family)."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"checkpoint 'config' must be a dict of plain values, got {type(raw).__name__}")
+    check_depth(raw, "checkpoint config")
     return architecture(str(raw.get("arch", "attnres-lm"))).config_type().from_dict(raw)
 
 

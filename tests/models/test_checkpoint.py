@@ -74,7 +74,7 @@ def test_missing_file_is_refused(tmp_path):
         (lambda p: p["state_dict"].update(extra=torch.zeros(1)), "unexpected extra"),
         (lambda p: p["state_dict"].update({"norm.weight": torch.zeros(5)}), "norm.weight.*shape \\[5\\]"),
         (lambda p: p["state_dict"].update({"norm.weight": torch.zeros(SMALL["d_model"], dtype=torch.int64)}),
-         "expected a floating-point tensor"),
+         "norm.weight'\\] is stored as int64; attnres reads weights stored as float32, float16 or bfloat16"),
     ],
 )
 def test_malformed_checkpoint_is_refused_with_what_is_wrong(tmp_path, mutate, pattern):

@@ -61,14 +61,15 @@ def test_a_layer_count_of_a_billion_is_refused_at_once(tmp_path):
     assert time.monotonic() - started < 20
 
 
-def test_nan_stored_as_float8_e8m0_is_caught(tmp_path):
+def test_nan_stored_as_float8_e8m0_is_refused_by_its_type(tmp_path):
+    """torch calls every float8_e8m0fnu value finite, its NaN (0xFF) included: no float8 type is read (yet)."""
     path = write_checkpoint(tmp_path / "ok.pt", n_layers=1)
     payload = torch.load(path, weights_only=True)
     nan = torch.full_like(payload["state_dict"]["norm.weight"], 255, dtype=torch.uint8).view(torch.float8_e8m0fnu)
     payload["state_dict"]["norm.weight"] = nan
     torch.save(payload, tmp_path / "nan.pt")
     code, lines = invoke("export", tmp_path / "nan.pt", "-o", tmp_path / "m.onnx", "--no-check")
-    one_line_error(code, lines, "norm.weight", "NaN")
+    one_line_error(code, lines, "norm.weight", "float8_e8m0fnu")
 
 
 def test_a_corrupt_pickle_inside_a_pt_is_one_line(tmp_path):

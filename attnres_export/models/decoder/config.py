@@ -8,16 +8,78 @@ feed-forward is ``moe_layers``.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from attnres_export.errors import CheckpointError
+from attnres_export.models.limits import (
+    EPS,
+    EXPERT_COUNT,
+    EXPERTS,
+    FLOAT32_MAX,
+    HEAD_DIM,
+    HEADS,
+    LAYER_COUNT,
+    LAYERS,
+    MAX_MULTIPLIER,
+    MAX_POSITIONS,
+    MULTIPLIER,
+    POSITIONS,
+    VOCAB,
+    WIDTH,
+    Range,
+    few,
+    is_whole,
+    shown,
+)
 
 ARCH = "decoder-lm"
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 """Hugging Face ``model_type`` values whose bodies ``DecoderLM`` computes."""
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+RANGES: dict[str, Range] = {
+    "vocab_size": VOCAB, "hidden_size": WIDTH, "intermediate_size": WIDTH, "num_hidden_layers": LAYERS,
+    "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "head_dim": HEAD_DIM,
+    "max_position_embeddings": POSITIONS, "rms_norm_eps": EPS, "attn_res_block_size": LAYERS,
+    "max_window_layers": LAYER_COUNT,
+    "rope_theta": Range(1, FLOAT32_MAX, whole=False, open_low=True),
+    "factor": Range(1, MAX_POSITIONS, whole=False),
+    "original_max_position_embeddings": POSITIONS,
+    "low_freq_factor": Range(0, MAX_POSITIONS, whole=False, open_low=True),
+    "high_freq_factor": Range(0, MAX_POSITIONS, whole=False, open_low=True),
+    "attention_factor": MULTIPLIER,
+    "beta_fast": Range(0, MAX_POSITIONS, whole=False), "beta_slow": Range(0, MAX_POSITIONS, whole=False),
+    "mscale": Range(0, MAX_MULTIPLIER, whole=False), "mscale_all_dim": Range(0, MAX_MULTIPLIER, whole=False),
+    "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH, "qk_nope_head_dim": HEAD_DIM, "qk_rope_head_dim": HEAD_DIM,
+    "v_head_dim": HEAD_DIM,
+    "num_experts": EXPERT_COUNT, "num_local_experts": EXPERT_COUNT, "n_routed_experts": EXPERT_COUNT,
+    "num_experts_per_tok": EXPERTS, "moe_intermediate_size": WIDTH, "n_shared_experts": EXPERT_COUNT,
+    "routed_scaling_factor": MULTIPLIER, "n_group": EXPERTS, "topk_group": EXPERTS, "decoder_sparse_step": LAYERS,
+    "first_k_dense_replace": LAYER_COUNT, "num_nextn_predict_layers": LAYER_COUNT, "num_mtp_layers": LAYER_COUNT,
+    "mtp_layers": LAYER_COUNT,
+}
+"""Every number of a decoder config, by its config.json key (and the field that holds it), with its accepted values
+(``models/limits.py``): read through this table by ``hf_config.py`` and checked again by the dataclasses below, so
+a checkpoint of ours is held to the same ranges. Rotary: a base above 1 (the frequencies ``theta^(-2i/d)`` fall,
+and yarn divides by ``ln(theta)``) within float32, where they are computed; context factors from 1 up to the
+longest context; positive frequency factors (llama3 divides by them); yarn's rotations ``beta_*`` and ``mscale*``
+not negative (``0.1 * mscale * ln(factor) + 1`` divides and must stay >= 1)."""
+
+
+def out_of_range(config: Any) -> Iterator[str]:
+    """The fields of ``config`` (a dataclass) out of their ``RANGES``; None is "not set"."""
+    for item in fields(config):
+        value, accepted = getattr(config, item.name), RANGES.get(item.name)
+        if accepted is not None and value is not None and not accepted.holds(value):
+            yield f"{item.name}: {accepted.expected(value)}"
+
+
+def _refuse_out_of_range(config: Any) -> None:
+    problems = list(out_of_range(config))
+    if problems:
+        raise CheckpointError(f"invalid decoder config: {'; '.join(problems)}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +102,9 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     truncate: bool = True
 
+    def __post_init__(self) -> None:
+        _refuse_out_of_range(self)
+
 
 @dataclass(frozen=True)
 class LatentAttentionConfig:
@@ -53,6 +118,9 @@ class LatentAttentionConfig:
     v_head_dim: int
     rope_interleave: bool = True
     """Rotary dims laid out in interleaved pairs (DeepSeek's checkpoints) rather than two halves."""
+
+    def __post_init__(self) -> None:
+        _refuse_out_of_range(self)
 
     @property
     def qk_head_dim(self) -> int:
@@ -76,6 +144,9 @@ class MoEKeys:
     routed_scaling_factor: float = 1.0
     n_group: int | None = None
     topk_group: int | None = None
+
+    def __post_init__(self) -> None:
+        _refuse_out_of_range(self)
 
 
 @dataclass(frozen=True)
@@ -119,30 +190,24 @@ class DecoderConfig:
             yield f"arch must be {ARCH!r}, got {self.arch!r}"
         if self.model_type not in FAMILIES:
             yield f"model_type must be one of {', '.join(FAMILIES)}, got {self.model_type!r}"
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "head_dim", "intermediate_size", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                yield f"{name} must be a whole number >= 1, got {value!r}"
-        if _is_int(self.num_key_value_heads) and _is_int(self.num_attention_heads) and self.num_key_value_heads >= 1 \
+        yield from out_of_range(self)
+        if is_whole(self.num_key_value_heads) and is_whole(self.num_attention_heads) and self.num_key_value_heads >= 1 \
                 and self.num_attention_heads % self.num_key_value_heads:
             yield (f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
                    f"{self.num_key_value_heads}")
-        if self.mla is None and _is_int(self.head_dim) and self.head_dim % 2:
+        if self.mla is None and is_whole(self.head_dim) and self.head_dim % 2:
             yield f"head_dim {self.head_dim} must be even for rotary embeddings"
         if self.mla is not None and self.mla.qk_rope_head_dim % 2:
             yield f"qk_rope_head_dim {self.mla.qk_rope_head_dim} must be even for rotary embeddings"
-        if not (isinstance(self.rms_norm_eps, float) and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
-            yield f"rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}"
         if self.rope.rope_type not in ROPE_TYPES:
             yield f"rope_type must be one of {', '.join(ROPE_TYPES)}, got {self.rope.rope_type!r}"
-        if any(not 0 <= i < self.num_hidden_layers for i in self.moe_layers):
-            yield f"moe_layers {list(self.moe_layers)} must index layers 0..{self.num_hidden_layers - 1}"
+        if is_whole(self.num_hidden_layers) and (
+                len(self.moe_layers) > self.num_hidden_layers
+                or any(not is_whole(i) or not 0 <= i < self.num_hidden_layers for i in self.moe_layers)):
+            yield (f"moe_layers must list at most {self.num_hidden_layers} layers of 0..{self.num_hidden_layers - 1}, "
+                   f"got {shown(list(self.moe_layers))}")
         if self.moe_layers and self.moe is None:
             yield "moe_layers are given without MoE settings"
-        block = self.attn_res_block_size
-        if block is not None and (not _is_int(block) or block < 1):
-            yield f"attn_res_block_size must be a whole number >= 1, got {block!r}"
 
     @property
     def max_seq_len(self) -> int:
@@ -219,15 +284,11 @@ class DecoderConfig:
 def _known_fields(kind: type, raw: dict, what: str) -> dict[str, Any]:
     """``raw`` when it names only fields of ``kind`` and every field without a default."""
     known = {f.name: f for f in fields(kind)}
-    unknown = sorted(set(raw) - set(known))
+    unknown = sorted(set(raw) - set(known), key=str)
     if unknown:
-        raise CheckpointError(f"{what} has unknown keys: {', '.join(map(str, unknown))}")
+        raise CheckpointError(f"{what} has unknown keys: {few(unknown)}")
     required = [name for name, f in known.items()
                 if f.default is MISSING and f.default_factory is MISSING and name not in raw]
     if required:
         raise CheckpointError(f"{what} is missing keys: {', '.join(required)}")
     return dict(raw)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

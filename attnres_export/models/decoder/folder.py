@@ -20,13 +20,15 @@ from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.hf_config import parse_hf_config
 from attnres_export.models.decoder.model import DecoderLM
 from attnres_export.models.decoder.moe import expert_state_from_hf
+from attnres_export.models.limits import layer_index, layer_indices
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(our config dict, state_dict)`` of a folder's ``config.json`` and tensors."""
-    cfg = parse_hf_config(config, where=f"{where}/config.json")
+    cfg = parse_hf_config(config, where=f"{where}/config.json",
+                          layers_in_weights=layer_indices(tensors, DecoderLM.LAYER_PREFIX))
     state = _with_stacked_experts(cfg, _without_mtp_layers(cfg, dict(tensors)))
     if cfg.tie_word_embeddings and EMBED in state:
         if HEAD in state and not torch.equal(state[HEAD], state[EMBED]):
@@ -56,7 +58,12 @@ def _with_stacked_experts(cfg: DecoderConfig, state: dict[str, torch.Tensor]) ->
 
 
 def _without_mtp_layers(cfg: DecoderConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` without DeepSeek's multi-token-prediction layers (indices ``N .. N + mtp_layers - 1``)."""
-    prefixes = tuple(f"model.layers.{i}." for i in range(cfg.num_hidden_layers,
-                                                         cfg.num_hidden_layers + cfg.mtp_layers))
-    return {k: v for k, v in state.items() if not (prefixes and k.startswith(prefixes))}
+    """``state`` without DeepSeek's multi-token-prediction layers (indices ``N .. N + mtp_layers - 1``), found by
+    each name's index (no list of ``mtp_layers`` prefixes is made)."""
+    first, end = cfg.num_hidden_layers, cfg.num_hidden_layers + cfg.mtp_layers
+
+    def is_mtp(name: str) -> bool:
+        index = layer_index(name, DecoderLM.LAYER_PREFIX)
+        return index is not None and first <= index < end
+
+    return {k: v for k, v in state.items() if not is_mtp(k)}

@@ -16,12 +16,14 @@ from typing import Any
 from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.config import (
     FAMILIES,
+    RANGES,
     ROPE_TYPES,
     DecoderConfig,
     LatentAttentionConfig,
     MoEKeys,
     RopeConfig,
 )
+from attnres_export.models.limits import few, is_whole, layer_count_refusal, shown
 
 IRRELEVANT_KEYS = frozenset({
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
@@ -104,45 +106,48 @@ class _Reader:
         """The value given, or transformers' default when the key is left out (``null`` stays ``None``)."""
         return self.raw[key] if key in self.raw else self.defaults.get(key)
 
-    def integer(self, key: str, minimum: int = 1, allow_none: bool = False) -> int | None:
-        value = self.value(key)
-        if value is None and allow_none:
-            return None
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self.refuse(key, f"expected a whole number >= {minimum}, got {value!r}")
+    def ranged(self, key: str, value: Any) -> Any:
+        """``value`` when it is in the range ``RANGES`` gives its key (``rope_parameters.factor`` is ``factor``)."""
+        problem = RANGES[key.rpartition(".")[2]].expected(value)
+        if problem:
+            raise self.refuse(key, problem)
         return value
 
+    def integer(self, key: str, allow_none: bool = False) -> int | None:
+        value = self.value(key)
+        return None if value is None and allow_none else self.ranged(key, value)
+
     def number(self, key: str, value: Any = None) -> float:
-        value = self.value(key) if value is None else value
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise self.refuse(key, f"expected a finite number, got {value!r}")
-        return float(value)
+        return float(self.ranged(key, self.value(key) if value is None else value))
 
     def flag(self, key: str) -> bool:
         value = self.value(key)
         if value is None:
             return False
         if not isinstance(value, bool):
-            raise self.refuse(key, f"expected true or false, got {value!r}")
+            raise self.refuse(key, f"expected true or false, got {shown(value)}")
         return value
 
 
-def parse_hf_config(raw: Any, where: str = "config.json") -> DecoderConfig:
-    """The ``DecoderConfig`` of a Hugging Face ``config.json`` (already parsed JSON) of one of ``FAMILIES``."""
+def parse_hf_config(raw: Any, where: str = "config.json", layers_in_weights: set[int] | None = None) -> DecoderConfig:
+    """The ``DecoderConfig`` of a Hugging Face ``config.json`` (already parsed JSON) of one of ``FAMILIES``;
+    ``layers_in_weights``, the layer indices its folder's tensors hold, bounds the layer count first."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{where}: expected a JSON object")
     family = raw.get("model_type")
     if family not in FAMILIES:
-        raise CheckpointError(f"{where}: model_type {family!r} is not supported; decoder-lm reads "
+        raise CheckpointError(f"{where}: model_type {shown(family)} is not supported; decoder-lm reads "
                               f"{', '.join(FAMILIES)}")
     _refuse_unknown_keys(raw, family, where)
     missing = [key for key in REQUIRED if raw.get(key) is None]
     if missing:
         raise CheckpointError(f"{where}: missing {', '.join(missing)}")
     read = _Reader(raw, family, where)
-    _refuse_sliding_window(read, family)
+    layers = _layer_count(read, layers_in_weights)
+    _refuse_sliding_window(read, family, layers)
     if read.value("hidden_act") != "silu":
-        raise read.refuse("hidden_act", f"{read.value('hidden_act')!r} is not supported (gated MLPs with silu only)")
+        raise read.refuse("hidden_act", f"{shown(read.value('hidden_act'))} is not supported (gated MLPs with silu "
+                          "only)")
     heads = read.integer("num_attention_heads")
     hidden = read.integer("hidden_size")
     kv_heads = read.integer("num_key_value_heads", allow_none=True) or heads
@@ -152,7 +157,6 @@ def parse_hf_config(raw: Any, where: str = "config.json") -> DecoderConfig:
                           "expands its keys to every head")
     head_dim = _head_dim(read, family, hidden, heads, mla)
     max_positions = read.integer("max_position_embeddings")
-    layers = read.integer("num_hidden_layers")
     moe, moe_layers = _moe(read, family, layers)
     attention_bias = read.flag("attention_bias")
     return DecoderConfig(
@@ -173,17 +177,26 @@ def _refuse_unknown_keys(raw: dict, family: str, where: str) -> None:
         raise CheckpointError(f"{where}: quantization_config: quantized checkpoints are not supported; give "
                               "floating-point weights (float32, float16 or bfloat16)")
     if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
-        raise CheckpointError(f"{where}: partial_rotary_factor {raw['partial_rotary_factor']!r}: partial rotary "
+        raise CheckpointError(f"{where}: partial_rotary_factor {shown(raw['partial_rotary_factor'])}: partial rotary "
                               "embeddings are not supported")
     known = IRRELEVANT_KEYS | COMMON_KEYS | FAMILY_KEYS[family] | {"quantization_config", "partial_rotary_factor"}
     unknown = sorted(set(raw) - known)
     if unknown:
-        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-        raise CheckpointError(f"{where}: config key{'s' if len(unknown) > 1 else ''} {shown} not implemented for "
-                              f"{family} (decoder-lm computes what docs/models.md#decoderlm lists)")
+        raise CheckpointError(f"{where}: config key{'s' if len(unknown) > 1 else ''} {few(unknown)} not implemented "
+                              f"for {family} (decoder-lm computes what docs/models.md#decoderlm lists)")
 
 
-def _refuse_sliding_window(read: _Reader, family: str) -> None:
+def _layer_count(read: _Reader, held: set[int] | None) -> int:
+    """``num_hidden_layers``, refused before anything is sized by it when it is more than the layers the weights
+    hold (``held``), then checked against its range. Fewer is left to the loader, which names the tensors past the
+    last layer (a DeepSeek folder may hold its multi-token-prediction layers there)."""
+    declared = read.value("num_hidden_layers")
+    if held is not None and is_whole(declared) and declared > len(held):
+        raise layer_count_refusal(declared, held, read.where, "num_hidden_layers")
+    return read.integer("num_hidden_layers")
+
+
+def _refuse_sliding_window(read: _Reader, family: str, layers: int) -> None:
     """Sliding-window attention (Qwen ``use_sliding_window``, ``layer_types``) is refused; the window size and
     layer count that only matter with it are accepted, as transformers clears them when it is off."""
     if family not in ("qwen2", "qwen3", "qwen3_moe"):
@@ -191,13 +204,13 @@ def _refuse_sliding_window(read: _Reader, family: str) -> None:
     if read.flag("use_sliding_window"):
         raise read.refuse("use_sliding_window", "sliding-window attention is not supported")
     if "max_window_layers" in read.raw and read.raw["max_window_layers"] is not None:
-        read.integer("max_window_layers", minimum=0)
+        read.integer("max_window_layers")
     types = read.raw.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or any(t != "full_attention" for t in types):
             raise read.refuse("layer_types", "only 'full_attention' layers are supported (no sliding-window layers)")
-        if len(types) != read.integer("num_hidden_layers"):
-            raise read.refuse("layer_types", f"{len(types)} entries for {read.value('num_hidden_layers')} layers")
+        if len(types) != layers:
+            raise read.refuse("layer_types", f"{len(types)} entries for {layers} layers")
 
 
 def _head_dim(read: _Reader, family: str, hidden: int, heads: int, mla: LatentAttentionConfig | None) -> int:
@@ -206,7 +219,7 @@ def _head_dim(read: _Reader, family: str, hidden: int, heads: int, mla: LatentAt
     if mla is not None:
         given = read.raw.get("head_dim")
         if given is not None and given != mla.qk_rope_head_dim:
-            raise read.refuse("head_dim", f"{given!r} differs from qk_rope_head_dim {mla.qk_rope_head_dim}, "
+            raise read.refuse("head_dim", f"{shown(given)} differs from qk_rope_head_dim {mla.qk_rope_head_dim}, "
                               "which DeepSeek-V3 derives it from")
         return mla.qk_rope_head_dim
     return read.integer("head_dim", allow_none=True) or hidden // heads
@@ -226,36 +239,35 @@ def parse_rope(read: _Reader, max_positions: int) -> RopeConfig:
     params = dict(params)
     rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
     if rope_type is not None and legacy is not None and rope_type != legacy:
-        raise read.refuse(source, f"rope_type {rope_type!r} and type {legacy!r} disagree")
+        raise read.refuse(source, f"rope_type {shown(rope_type)} and type {shown(legacy)} disagree")
     rope_type = rope_type or legacy or "default"
+    if not isinstance(rope_type, str):
+        raise read.refuse(f"{source}.rope_type", f"expected one of {', '.join(ROPE_TYPES)}, got {shown(rope_type)}")
     if rope_type in UNSUPPORTED_ROPE:
-        raise read.refuse(f"{source}.rope_type", f"{rope_type!r} ({UNSUPPORTED_ROPE[rope_type]}) is not supported; "
-                          f"supported: {', '.join(ROPE_TYPES)}")
+        raise read.refuse(f"{source}.rope_type", f"{shown(rope_type)} ({UNSUPPORTED_ROPE[rope_type]}) is not "
+                          f"supported; supported: {', '.join(ROPE_TYPES)}")
     if rope_type not in ROPE_TYPES:
-        raise read.refuse(f"{source}.rope_type", f"{rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        raise read.refuse(f"{source}.rope_type", f"{shown(rope_type)} is not supported; supported: "
+                          f"{', '.join(ROPE_TYPES)}")
     theta = params.pop("rope_theta", None)
     theta = read.number("rope_theta", theta if theta is not None else read.raw.get("rope_theta", 10000.0))
     if params.pop("partial_rotary_factor", None) not in (None, 1, 1.0):
         raise read.refuse(f"{source}.partial_rotary_factor", "partial rotary embeddings are not supported")
     unknown = sorted(set(params) - ROPE_KEYS[rope_type])
     if unknown:
-        raise read.refuse(f"{source}.{unknown[0]}", f"not a setting of rope_type {rope_type!r} (reads: "
+        raise read.refuse(f"{source}.{unknown[0]}", f"not a setting of rope_type {shown(rope_type)} (reads: "
                           f"{', '.join(sorted(ROPE_KEYS[rope_type])) or 'none'})")
     top_original = read.raw.get("original_max_position_embeddings")
     if top_original is not None and rope_type not in ("llama3", "yarn"):
-        raise read.refuse("original_max_position_embeddings", f"has no effect with rope_type {rope_type!r}")
+        raise read.refuse("original_max_position_embeddings", f"has no effect with rope_type {shown(rope_type)}")
     if rope_type == "default":
         return RopeConfig(rope_type=rope_type, rope_theta=theta)
     factor = _rope_number(read, source, params, "factor")
-    if factor < 1:
-        raise read.refuse(f"{source}.factor", f"must be >= 1, got {factor}")
     if rope_type == "linear":
         return RopeConfig(rope_type=rope_type, rope_theta=theta, factor=factor)
-    original = top_original if top_original is not None else params.get("original_max_position_embeddings")
-    original = original if original is not None else max_positions
-    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
-        raise read.refuse(f"{source}.original_max_position_embeddings", f"expected a whole number >= 1, got "
-                          f"{original!r}")
+    key = "original_max_position_embeddings"
+    original = read.ranged(key, top_original) if top_original is not None else params.get(key)
+    original = max_positions if original is None else read.ranged(f"{source}.{key}", original)
     if rope_type == "llama3":
         low = _rope_number(read, source, params, "low_freq_factor")
         high = _rope_number(read, source, params, "high_freq_factor")
@@ -271,7 +283,7 @@ def _yarn(read: _Reader, source: str, params: dict, theta: float, factor: float,
                 for k in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
     truncate = params.get("truncate", True)
     if not isinstance(truncate, bool):
-        raise read.refuse(f"{source}.truncate", f"expected true or false, got {truncate!r}")
+        raise read.refuse(f"{source}.truncate", f"expected true or false, got {shown(truncate)}")
     attention_factor = optional["attention_factor"]
     if attention_factor is None:
         mscale, mscale_all = optional["mscale"], optional["mscale_all_dim"]
@@ -298,7 +310,8 @@ def _latent_attention(read: _Reader) -> LatentAttentionConfig:
     nope, rope = read.integer("qk_nope_head_dim"), read.integer("qk_rope_head_dim")
     given = read.raw.get("qk_head_dim")
     if given is not None and given != nope + rope:
-        raise read.refuse("qk_head_dim", f"{given!r} differs from qk_nope_head_dim + qk_rope_head_dim = {nope + rope}")
+        raise read.refuse("qk_head_dim", f"{shown(given)} differs from qk_nope_head_dim + qk_rope_head_dim = "
+                          f"{nope + rope}")
     return LatentAttentionConfig(
         q_lora_rank=read.integer("q_lora_rank", allow_none=True), kv_lora_rank=read.integer("kv_lora_rank"),
         qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=read.integer("v_head_dim"),
@@ -312,11 +325,9 @@ def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEKeys | None, tuple
     ``(i + 1) % decoder_sparse_step == 0``; ``deepseek_v3``: ``i >= first_k_dense_replace``."""
     if family == "qwen3_moe":
         experts_key = "num_local_experts" if "num_local_experts" in read.raw else "num_experts"
-        experts = read.integer(experts_key, minimum=0)
+        experts = read.integer(experts_key)
         step = read.integer("decoder_sparse_step")
-        dense = read.value("mlp_only_layers") or []
-        if not isinstance(dense, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in dense):
-            raise read.refuse("mlp_only_layers", f"expected a list of layer indices, got {dense!r}")
+        dense = _layer_set(read, "mlp_only_layers", layers)
         moe_layers = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
         keys = MoEKeys(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
                        moe_intermediate_size=read.integer("moe_intermediate_size"),
@@ -325,23 +336,34 @@ def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEKeys | None, tuple
     if family == "deepseek_v3":
         for key, expected in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1)):
             if read.raw.get(key) not in (None, expected):
-                raise read.refuse(key, f"{read.raw[key]!r} is not supported (transformers' DeepSeek-V3 computes "
+                raise read.refuse(key, f"{shown(read.raw[key])} is not supported (transformers' DeepSeek-V3 computes "
                                   f"{expected!r})")
         experts_key = "num_local_experts" if "num_local_experts" in read.raw else "n_routed_experts"
-        experts = read.integer(experts_key, minimum=0)
-        first_dense = read.integer("first_k_dense_replace", minimum=0)
+        experts = read.integer(experts_key)
+        first_dense = read.integer("first_k_dense_replace")
         moe_layers = tuple(range(first_dense, layers)) if experts else ()
         keys = MoEKeys(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
                        moe_intermediate_size=read.integer("moe_intermediate_size"),
                        norm_topk_prob=read.flag("norm_topk_prob"), scoring_func="sigmoid", topk_method="noaux_tc",
-                       n_shared_experts=read.integer("n_shared_experts", minimum=0),
+                       n_shared_experts=read.integer("n_shared_experts"),
                        routed_scaling_factor=read.number("routed_scaling_factor"),
                        n_group=read.integer("n_group"), topk_group=read.integer("topk_group"))
         return (keys if moe_layers else None), moe_layers
     return None, ()
 
 
+def _layer_set(read: _Reader, key: str, layers: int) -> frozenset[int]:
+    """A list of layer indices (``mlp_only_layers``) as a set, refused unless it lists at most ``layers`` indices
+    of ``0 .. layers - 1``: membership is then one lookup, and an index naming no layer is a mistake."""
+    given = read.value(key) or []
+    if not isinstance(given, list) or len(given) > layers or any(not is_whole(i) or not 0 <= i < layers
+                                                                 for i in given):
+        raise read.refuse(key, f"expected a list of at most {layers} layer indices of 0..{layers - 1} ({layers} "
+                          f"layers), got {shown(given)}")
+    return frozenset(given)
+
+
 def _mtp_layers(read: _Reader) -> int:
     """DeepSeek multi-token-prediction layers (``num_nextn_predict_layers``, alias ``num_mtp_layers``)."""
     key = "num_mtp_layers" if "num_mtp_layers" in read.raw else "num_nextn_predict_layers"
-    return read.integer(key, minimum=0)
+    return read.integer(key)

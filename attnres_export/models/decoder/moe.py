@@ -174,7 +174,7 @@ class SigmoidGroupTopKRouter(KeepFloat32):
         choice = scores + self.e_score_correction_bias
         if self.topk_group < self.n_group:
             choice = self._keep_best_groups(choice)
-        indices = top_k_experts(choice, self.top_k)[1]
+        indices = top_k_experts(choice, self.top_k, unbiased=scores)[1]
         weights = scores.gather(1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -338,7 +338,8 @@ class MoEFeedForward(nn.Module):
         self.load_state_dict(state)
 
 
-_PER_EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_PER_EXPERT = re.compile(r"experts\.([0-9]{1,6})\.(gate_proj|up_proj|down_proj)\.weight")
+"""A per-expert tensor; an index of more digits than any expert count (``limits.MAX_EXPERTS``) names none."""
 _BLOCK_TENSORS = frozenset({
     "gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
     "shared_experts.gate_proj.weight", "shared_experts.up_proj.weight", "shared_experts.down_proj.weight",

@@ -4,12 +4,28 @@ compute refused in one line naming it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from attnres_export.errors import CheckpointError
+from attnres_export.models.limits import (
+    EPS,
+    EXPERTS,
+    HEAD_DIM,
+    HEADS,
+    LAYER_COUNT,
+    LAYERS,
+    MAX_CONV,
+    MAX_MULTIPLIER,
+    MULTIPLIER,
+    POSITIONS,
+    VOCAB,
+    WIDTH,
+    Range,
+    is_whole,
+    shown,
+)
 
 CONV_ACTIVATIONS = ("silu", "swish")
 """``hidden_act`` values the short convolutions apply (transformers' ACT2FN: both are x * sigmoid(x))."""
@@ -22,6 +38,22 @@ lower bound (docs/models.md#kimi-k3)."""
 SITU = "situ"
 """Kimi K3's ``hidden_act``: it names the feed-forwards' activation; K3's short convolutions stay SiLU (SGLang's
 ``KimiK3DeltaAttention`` hands its convolution weights to the KDA kernel, whose convolution is SiLU)."""
+
+RANGES: dict[str, Range] = {
+    "vocab_size": VOCAB, "hidden_size": WIDTH, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+    "intermediate_size": WIDTH, "max_position_embeddings": POSITIONS, "kv_lora_rank": WIDTH, "q_lora_rank": WIDTH,
+    "qk_nope_head_dim": HEAD_DIM, "qk_rope_head_dim": HEAD_DIM, "v_head_dim": HEAD_DIM, "rms_norm_eps": EPS,
+    "first_k_dense_replace": LAYER_COUNT, "moe_intermediate_size": WIDTH, "num_local_experts": EXPERTS,
+    "num_experts_per_tok": EXPERTS, "n_shared_experts": EXPERTS, "n_group": EXPERTS, "topk_group": EXPERTS,
+    "routed_scaling_factor": MULTIPLIER, "attn_res_block_size": LAYERS, "routed_expert_hidden_size": WIDTH,
+    "activation_situ_beta": MULTIPLIER, "activation_situ_linear_beta": MULTIPLIER,
+    "linear_attn_config.num_heads": HEADS, "linear_attn_config.head_dim": HEAD_DIM,
+    "linear_attn_config.short_conv_kernel_size": Range(1, MAX_CONV),
+    "linear_attn_config.gate_lower_bound": Range(-MAX_MULTIPLIER, 0, whole=False, open_high=True),
+}
+"""Every number of a Kimi Linear / K3 config.json (``linear_attn_config``'s by their dotted keys) with its accepted
+values (``models/limits.py``), read through this table by ``KdaConfig`` and ``lm_config.py``: the SiTU clip levels
+``beta`` are positive multipliers (``beta * tanh(x / beta)``), the forget-gate lower bound a negative log-decay."""
 
 DEFAULTS = {"linear_head_dim": 128, "linear_num_heads": 32, "linear_conv_kernel_dim": 4, "hidden_act": "silu",
             "rms_norm_eps": 1e-5, "num_hidden_layers": 27, "hidden_size": 2304}
@@ -45,24 +77,24 @@ class KdaConfig:
     """K3's ``gate_lower_bound``: the log-decay is ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))`` (the
     "safe gate" of transformers' ``Glm5NextTextForgetGate``) instead of ``-exp(A_log) * softplus(f + dt_bias)``."""
 
+    FIELD_KEYS: ClassVar[dict[str, str]] = {
+        "hidden_size": "hidden_size", "num_heads": "linear_attn_config.num_heads",
+        "head_dim": "linear_attn_config.head_dim", "conv_size": "linear_attn_config.short_conv_kernel_size",
+        "norm_eps": "rms_norm_eps", "gate_lower_bound": "linear_attn_config.gate_lower_bound"}
+    """The ``RANGES`` key of each number (a null ``gate_lower_bound`` is the softplus gate)."""
+
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_heads", "head_dim", "conv_size"):
+        for name, key in self.FIELD_KEYS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CheckpointError(f"Kimi config: {name} must be an int >= 1, got {value!r}")
-        if not (isinstance(self.norm_eps, float | int) and math.isfinite(self.norm_eps) and self.norm_eps >= 0):
-            raise CheckpointError(f"Kimi config: rms_norm_eps must be a finite number >= 0, got {self.norm_eps!r}")
+            problem = None if value is None and name == "gate_lower_bound" else RANGES[key].expected(value)
+            if problem:
+                raise CheckpointError(f"Kimi config: {key}: {problem}")
         if self.activation not in CONV_ACTIVATIONS:
-            raise CheckpointError(f"Kimi config: hidden_act {self.activation!r} is not implemented for the short "
+            raise CheckpointError(f"Kimi config: hidden_act {shown(self.activation)} is not implemented for the short "
                                   f"convolutions (only {', '.join(CONV_ACTIVATIONS)})")
         if not isinstance(self.full_rank_gate, bool):
             raise CheckpointError(f"Kimi config: linear_attn_config.use_full_rank_gate must be true or false, got "
-                                  f"{self.full_rank_gate!r}")
-        bound = self.gate_lower_bound
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | float)
-                                  or not math.isfinite(bound) or bound >= 0):
-            raise CheckpointError(f"Kimi config: linear_attn_config.gate_lower_bound must be a finite number < 0 "
-                                  f"(a log-decay bound) or null, got {bound!r}")
+                                  f"{shown(self.full_rank_gate)}")
 
     @property
     def kda_layers(self) -> tuple[int, ...]:
@@ -78,13 +110,16 @@ class KdaConfig:
             raise CheckpointError(f"Kimi config: linear_attn_config must be a dict, got {type(linear).__name__}")
         for key, value in linear.items():
             if key not in LINEAR_ATTN_KEYS:
-                raise CheckpointError(f"Kimi config: linear_attn_config.{key} = {value!r} is not implemented "
+                raise CheckpointError(f"Kimi config: linear_attn_config.{key} = {shown(value)} is not implemented "
                                       "(docs/models.md#kimi-linear lists what is computed)")
 
         def flat(key: str) -> Any:
             return config.get(key, DEFAULTS[key])
 
         layers = flat("num_hidden_layers")
+        problem = RANGES["num_hidden_layers"].expected(layers)
+        if problem:
+            raise CheckpointError(f"Kimi config: num_hidden_layers: {problem}")
         return cls(
             hidden_size=flat("hidden_size"),
             num_heads=linear.get("num_heads", flat("linear_num_heads")),
@@ -108,8 +143,8 @@ def _layer_types(given: Any, linear: Mapping[str, Any], layers: int) -> tuple[st
         raise CheckpointError("Kimi config: linear_attn_config needs both kda_layers and full_attn_layers, or neither")
     if given is None:
         return listed or tuple("full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers))
-    kinds = {"linear_attention", "full_attention"}
-    if not isinstance(given, list) or len(given) != layers or not set(given) <= kinds:
+    kinds = ("linear_attention", "full_attention")
+    if not isinstance(given, list) or len(given) != layers or any(kind not in kinds for kind in given):
         raise CheckpointError(f"Kimi config: layer_types must list {layers} values of {', '.join(sorted(kinds))}")
     if listed is not None and tuple(given) != listed:
         raise CheckpointError("Kimi config: layer_types disagrees with linear_attn_config.kda_layers/full_attn_layers;"
@@ -118,14 +153,17 @@ def _layer_types(given: Any, linear: Mapping[str, Any], layers: int) -> tuple[st
 
 
 def _from_lists(kda: Any, full: Any, layers: int) -> tuple[str, ...]:
-    """Layer kinds from the 1-based lists; every layer must be in exactly one."""
+    """Layer kinds from the 1-based lists; every layer must be in exactly one. Each list is bounded by the layer
+    count before it is read and held as a set, so a list of any length costs one pass."""
     for name, values in (("kda_layers", kda), ("full_attn_layers", full)):
-        if not isinstance(values, list) or not all(isinstance(v, int) and 1 <= v <= layers for v in values):
+        if not isinstance(values, list) or len(values) > layers or not all(is_whole(v) and 1 <= v <= layers
+                                                                           for v in values):
             raise CheckpointError(f"Kimi config: linear_attn_config.{name} must list layer numbers 1..{layers} "
-                                  f"(1-based), got {values!r}")
-    both = sorted(set(kda) & set(full))
-    missing = sorted(set(range(1, layers + 1)) - set(kda) - set(full))
+                                  f"(1-based), each of the {layers} layers at most once, got {shown(values)}")
+    kda_set, full_set = set(kda), set(full)
+    both = sorted(kda_set & full_set)
+    missing = sorted(set(range(1, layers + 1)) - kda_set - full_set)
     if both or missing or len(kda) + len(full) != layers:
         raise CheckpointError(f"Kimi config: every layer 1..{layers} must be in exactly one of kda_layers and "
-                              f"full_attn_layers (in both: {both}, in neither: {missing})")
-    return tuple("linear_attention" if i + 1 in kda else "full_attention" for i in range(layers))
+                              f"full_attn_layers (in both: {shown(both)}, in neither: {shown(missing)})")
+    return tuple("linear_attention" if i + 1 in kda_set else "full_attention" for i in range(layers))

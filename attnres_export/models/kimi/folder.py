@@ -24,6 +24,8 @@ import torch
 from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.moe import expert_state_from_hf
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
+from attnres_export.models.kimi.model import KimiLinearLM
+from attnres_export.models.limits import layer_indices
 
 K3_MODEL_TYPE = "kimi_k3"
 TEXT_PREFIX = "language_model."
@@ -47,7 +49,8 @@ def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple
     """``(our config dict, state_dict)`` of a folder's ``config.json`` and tensors."""
     if config.get("model_type") == K3_MODEL_TYPE:
         config, tensors = _k3_text_model(config, tensors, where)
-    cfg = KimiLinearConfig.from_hf(config, where=f"{where}/config.json")
+    cfg = KimiLinearConfig.from_hf(config, where=f"{where}/config.json",
+                                   layers_in_weights=layer_indices(tensors, KimiLinearLM.LAYER_PREFIX))
     state = {_our_name(name): tensor for name, tensor in tensors.items()}
     for index in range(cfg.num_hidden_layers):
         if cfg.is_moe_layer(index):

@@ -15,7 +15,8 @@ from typing import Any
 from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.hf_config import IRRELEVANT_KEYS
 from attnres_export.models.decoder.moe import MoEConfig
-from attnres_export.models.kimi.config import KdaConfig
+from attnres_export.models.kimi.config import RANGES, KdaConfig
+from attnres_export.models.limits import few, is_whole, layer_count_refusal, shown
 
 ARCH = "kimi-linear"
 MODEL_TYPE = "kimi_linear"
@@ -169,9 +170,16 @@ class KimiLinearConfig:
         return cls(hf_config=raw["hf_config"], arch=raw["arch"])
 
     @classmethod
-    def from_hf(cls, raw: Any, where: str = "config.json") -> KimiLinearConfig:
+    def from_hf(cls, raw: Any, where: str = "config.json", layers_in_weights: set[int] | None = None
+                ) -> KimiLinearConfig:
+        """The config of a ``config.json``; a ``num_hidden_layers`` above the layers its folder's tensors hold
+        (``layers_in_weights``) is refused before anything is sized by it (fewer is left to the loader, which names
+        the tensors past the last layer)."""
         if not isinstance(raw, dict):
             raise CheckpointError(f"{where}: expected a JSON object")
+        declared = DEFAULTS["num_hidden_layers"] if raw.get("num_hidden_layers") is None else raw["num_hidden_layers"]
+        if layers_in_weights is not None and is_whole(declared) and declared > len(layers_in_weights):
+            raise layer_count_refusal(declared, layers_in_weights, where, "num_hidden_layers")
         try:
             return cls(hf_config=dict(raw))
         except CheckpointError as err:
@@ -181,12 +189,12 @@ class KimiLinearConfig:
 def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The derived fields of ``raw`` (a kimi_linear ``config.json``)."""
     if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
-        raise CheckpointError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
+        raise CheckpointError(f"model_type {shown(raw.get('model_type'))} is not {MODEL_TYPE!r}")
     quantization = raw.get("quantization_config")
     if isinstance(quantization, Mapping) and MXFP4_FORMAT in str(quantization.get("format", "")):
-        raise CheckpointError(f"quantization_config: {quantization.get('quant_method')} {MXFP4_FORMAT} experts are "
-                              "not dequantized by attnres (the packing is not verified from a public source); "
-                              "give a bfloat16 checkpoint")
+        method = str(quantization.get("quant_method"))[:60]
+        raise CheckpointError(f"quantization_config: {method} {MXFP4_FORMAT} experts are not dequantized by attnres "
+                              "(the packing is not verified from a public source); give a bfloat16 checkpoint")
     if quantization is not None:
         raise CheckpointError("quantization_config: quantized checkpoints are not supported; give floating-point "
                               "weights")
@@ -199,78 +207,67 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
         values[name], spelled[name] = value, key
     for key, wanted in INERT_VALUES.items():
         if key in values and values.pop(key) != wanted:
-            raise CheckpointError(f"{key} = {raw[key]!r} is not implemented (only {wanted!r}, what transformers "
+            raise CheckpointError(f"{key} = {shown(raw[key])} is not implemented (only {wanted!r}, what transformers "
                                   "5.23 computes)")
-    unknown = sorted(set(values) - set(DEFAULTS) - KDA_KEYS - set(DERIVED) - IRRELEVANT_KEYS)
+    unknown = sorted(set(values) - set(DEFAULTS) - KDA_KEYS - set(DERIVED) - IRRELEVANT_KEYS, key=str)
     if unknown:
-        raise CheckpointError(f"config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} not implemented "
+        raise CheckpointError(f"config key{'s' if len(unknown) > 1 else ''} {few(unknown)} not implemented "
                               "for kimi_linear (docs/models.md#kimi-linear lists what is computed)")
 
     def get(key: str) -> Any:
         return values[key] if values.get(key) is not None else DEFAULTS[key]
 
-    def whole(key: str, minimum: int = 1) -> int:
+    def ranged(key: str) -> Any:
+        """The value of ``key`` (or its default) when it is in its ``RANGES`` range."""
         value = get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise CheckpointError(f"{key} must be a whole number >= {minimum}, got {value!r}")
+        problem = RANGES[key].expected(value)
+        if problem:
+            raise CheckpointError(f"{spelled.get(key, key)}: {problem}")
         return value
 
     def flag(key: str) -> bool:
         value = get(key)
         if not isinstance(value, bool):
-            raise CheckpointError(f"{key} must be true or false, got {value!r}")
+            raise CheckpointError(f"{spelled.get(key, key)} must be true or false, got {shown(value)}")
         return value
 
-    layers, heads = whole("num_hidden_layers"), whole("num_attention_heads")
+    layers, heads = ranged("num_hidden_layers"), ranged("num_attention_heads")
     kv_heads = values.get("num_key_value_heads")
     if kv_heads is not None and kv_heads != heads:
-        raise CheckpointError(f"num_key_value_heads {kv_heads} != num_attention_heads {heads}: Kimi Linear's latent "
-                              "attention expands its keys to every head")
+        raise CheckpointError(f"num_key_value_heads {shown(kv_heads)} != num_attention_heads {heads}: Kimi Linear's "
+                              "latent attention expands its keys to every head")
     if get("hidden_act") not in ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {get('hidden_act')!r} is not implemented (gated MLPs with "
+        raise CheckpointError(f"hidden_act {shown(get('hidden_act'))} is not implemented (gated MLPs with "
                               f"{' or '.join(ACTIVATIONS)})")
-    out = {"vocab_size": whole("vocab_size"), "hidden_size": whole("hidden_size"), "num_hidden_layers": layers,
-           "num_attention_heads": heads, "intermediate_size": whole("intermediate_size"),
-           "max_position_embeddings": whole("max_position_embeddings"), "kv_lora_rank": whole("kv_lora_rank"),
-           "qk_nope_head_dim": whole("qk_nope_head_dim"), "qk_rope_head_dim": whole("qk_rope_head_dim"),
-           "v_head_dim": whole("v_head_dim"), "attention_bias": flag("attention_bias"),
-           "tie_word_embeddings": flag("tie_word_embeddings")}
-    out["q_lora_rank"] = None if get("q_lora_rank") is None else whole("q_lora_rank")
-    eps = get("rms_norm_eps")
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < float("inf"):
-        raise CheckpointError(f"rms_norm_eps must be a finite number >= 0, got {eps!r}")
-    out["rms_norm_eps"] = float(eps)
+    out = {key: ranged(key) for key in ("vocab_size", "hidden_size", "intermediate_size", "max_position_embeddings",
+                                        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    out |= {"num_hidden_layers": layers, "num_attention_heads": heads, "attention_bias": flag("attention_bias"),
+            "tie_word_embeddings": flag("tie_word_embeddings"), "rms_norm_eps": float(ranged("rms_norm_eps"))}
+    out["q_lora_rank"] = None if get("q_lora_rank") is None else ranged("q_lora_rank")
     out["kda"] = KdaConfig.from_hf({**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}})
-    out["mlp_layer_types"] = _mlp_layer_types(values.get("mlp_layer_types"), whole("first_k_dense_replace", 0),
-                                              layers)
-    shared = whole("n_shared_experts")
+    out["mlp_layer_types"] = _mlp_layer_types(values.get("mlp_layer_types"), ranged("first_k_dense_replace"), layers)
     out["moe"] = MoEConfig(
-        hidden_size=out["hidden_size"], moe_intermediate_size=whole("moe_intermediate_size"),
-        num_experts=whole("num_local_experts"), top_k=whole("num_experts_per_tok"), router="sigmoid",
-        norm_topk_prob=flag("norm_topk_prob"), routed_scaling_factor=float(get("routed_scaling_factor")),
-        n_group=whole("n_group"), topk_group=whole("topk_group"), n_shared_experts=shared)
-    out["attn_res_block_size"] = None if get("attn_res_block_size") is None else whole("attn_res_block_size")
-    out.update(_k3_additions(values, get, whole, flag))
+        hidden_size=out["hidden_size"], moe_intermediate_size=ranged("moe_intermediate_size"),
+        num_experts=ranged("num_local_experts"), top_k=ranged("num_experts_per_tok"), router="sigmoid",
+        norm_topk_prob=flag("norm_topk_prob"), routed_scaling_factor=float(ranged("routed_scaling_factor")),
+        n_group=ranged("n_group"), topk_group=ranged("topk_group"), n_shared_experts=ranged("n_shared_experts"))
+    out["attn_res_block_size"] = None if get("attn_res_block_size") is None else ranged("attn_res_block_size")
+    out.update(_k3_additions(values, get, ranged, flag))
     return out
 
 
-def _k3_additions(values: Mapping[str, Any], get, whole, flag) -> dict[str, Any]:
+def _k3_additions(values: Mapping[str, Any], get, ranged, flag) -> dict[str, Any]:
     """Kimi K3's SiTU, latent MoE and MLA output gate (SGLang ``kimi_k3.py``; docs/models.md#kimi-k3)."""
 
-    def positive(key: str, default: float | None) -> float | None:
-        value = values.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise CheckpointError(f"{key} must be a finite number > 0 or null, got {value!r}")
-        return float(value)
+    def clip(key: str, default: float | None) -> float | None:
+        return default if values.get(key) is None else float(ranged(key))
 
-    latent = None if get("routed_expert_hidden_size") is None else whole("routed_expert_hidden_size")
+    latent = None if get("routed_expert_hidden_size") is None else ranged("routed_expert_hidden_size")
     if flag("latent_moe_use_norm") and latent is None:
         raise CheckpointError("latent_moe_use_norm is true but routed_expert_hidden_size is null; the norm is of "
                               "the latent MoE")
-    return {"hidden_act": get("hidden_act"), "situ_beta": positive("activation_situ_beta", 1.0),
-            "situ_linear_beta": positive("activation_situ_linear_beta", None),
+    return {"hidden_act": get("hidden_act"), "situ_beta": clip("activation_situ_beta", 1.0),
+            "situ_linear_beta": clip("activation_situ_linear_beta", None),
             "routed_expert_hidden_size": latent, "latent_moe_use_norm": flag("latent_moe_use_norm"),
             "mla_use_output_gate": flag("mla_use_output_gate")}
 
@@ -279,6 +276,6 @@ def _mlp_layer_types(given: Any, first_dense: int, layers: int) -> tuple[str, ..
     """``mlp_layer_types`` as given, else transformers' default (the first ``first_k_dense_replace`` dense)."""
     if given is None:
         return tuple("dense" if i < first_dense else "sparse" for i in range(layers))
-    if not isinstance(given, list) or len(given) != layers or not set(given) <= {"dense", "sparse"}:
+    if not isinstance(given, list) or len(given) != layers or any(kind not in ("dense", "sparse") for kind in given):
         raise CheckpointError(f"mlp_layer_types must list {layers} values of dense, sparse")
     return tuple(given)

@@ -36,7 +36,7 @@ def test_a_saved_config_with_layer_types_and_flat_keys_reads_the_same() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"linear_attn_config": {"gate_lower_bound": 5.0}}, "gate_lower_bound must be a finite number < 0"),
+    ({"linear_attn_config": {"gate_lower_bound": 5.0}}, "gate_lower_bound: expected a finite number >= -1000 and < 0"),
     ({"linear_attn_config": {"use_full_rank_gate": 1}}, "use_full_rank_gate must be true or false"),
     ({"linear_attn_config": {"gate_upper_bound": 1}}, "linear_attn_config.gate_upper_bound = 1 is not implemented"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
@@ -46,7 +46,7 @@ def test_a_saved_config_with_layer_types_and_flat_keys_reads_the_same() -> None:
     ({"linear_attn_config": {"kda_layers": [1, 2, 3, 4, 5]}}, "needs both kda_layers and full_attn_layers"),
     ({"layer_types": ["linear_attention"] * 5,
       "linear_attn_config": {"kda_layers": [1, 2, 3, 4], "full_attn_layers": [5]}}, "layer_types disagrees"),
-    ({"linear_attn_config": {"head_dim": 0}}, "head_dim must be an int >= 1"),
+    ({"linear_attn_config": {"head_dim": 0}}, "head_dim: expected a whole number >= 1 and <= 65536"),
 ])
 def test_what_the_layer_does_not_compute_is_refused_in_one_line(change: dict, message: str) -> None:
     with pytest.raises(CheckpointError, match=message) as info:
