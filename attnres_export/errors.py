@@ -23,6 +23,10 @@ class ParityError(AttnresError):
     """A backend that could not be run for a parity check."""
 
 
+class GenerationError(AttnresError):
+    """Generation whose tokens would mean nothing: NaN or infinite logits, a graph of another model."""
+
+
 class EngineError(AttnresError):
     """A TensorRT engine that cannot be built, loaded or run (missing TensorRT, plugin, profile)."""
 

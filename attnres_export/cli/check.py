@@ -52,7 +52,9 @@ def check(
     artifacts = {f"artifact {i}": path for i, path in enumerate([*(onnx or []), *(engine or [])])}
     require_files([("MODEL", model), ("--plugin", plugin), *(("--onnx", p) for p in onnx or []),
                    *(("--engine", p) for p in engine or [])])
-    check_outputs({"--report": report}, {"MODEL": model, "--plugin": plugin, **artifacts})
+    replays = {f"--save-polygraphy for {path}": save_polygraphy / path.name for path in artifacts.values()
+               } if save_polygraphy is not None else {}
+    check_outputs({"--report": report}, {"MODEL": model, "--plugin": plugin, **artifacts}, replays)
 
     from attnres_export.cli.render import replay_lines, report_table
     from attnres_export.parity.check import check_artifacts

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from attnres_export.cli.framework import app, command, console
+from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import AllowEngineHostCode, Plugin
 from attnres_export.errors import AttnresError
 
@@ -42,7 +43,6 @@ def generate(
     from attnres_export.decode.generate import Sampling, engine_decoder, onnx_decoder, torch_decoder
     from attnres_export.decode.generate import generate as run_generate
     from attnres_export.models import load_checkpoint
-    from attnres_export.models.base import fingerprint
 
     if onnx is not None and engine is not None:
         raise AttnresError("pass --onnx or --engine, not both")
@@ -56,21 +56,13 @@ def generate(
     tokens = tokenizer.encode(prompt).ids if tokenizer is not None else parse_ids(ids)
     torch_model, cfg = load_checkpoint(model)
     if onnx is not None:
-        decoder = onnx_decoder(onnx, threads)
+        decoder = onnx_decoder(onnx, threads, torch_model, str(model))
     elif engine is not None:
         decoder = engine_decoder(engine, plugin, allow_engine_host_code)
     else:
         decoder = torch_decoder(torch_model)
-    exported_id = decoder.info.get("model_id")
-    if onnx is not None and exported_id not in (None, fingerprint(torch_model)):
-        decoder.close()
-        raise AttnresError(f"{onnx}: exported from another model than {model} (its recorded model identity "
-                           "differs); pass the checkpoint it was exported from, or export this one")
-    exported_vocab = decoder.info.get("vocab_size")
-    if exported_vocab not in (None, cfg.vocab_size):
-        decoder.close()
-        raise AttnresError(f"{onnx}: exported from a model with vocabulary {exported_vocab}, MODEL has "
-                           f"{cfg.vocab_size}; pass the checkpoint it was exported from")
+    for warning in decoder.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if decoder.max_seq_len is None:
         decoder.max_seq_len = cfg.max_seq_len
     try:

@@ -3,7 +3,9 @@
 Every backend is a ``backends`` Runner over the with-past graph's inputs and outputs, by name; a ``Decoder``
 wraps it with the cache layout read from the graph (or the model's ``cache_inputs()``), so any state a family
 carries (grouped K/V, a compressed latent, a recurrent state) goes through unchanged. ``generate`` runs a prefill
-over the prompt (past length 0), then one decode step per new token; greedy unless a temperature is given.
+over the prompt (past length 0), then one decode step per new token; greedy unless a temperature is given. Logits
+that are not all numbers stop it at that step: NaN or infinite logits have no meaningful argmax (greedy would
+print token 0 for ever).
 """
 
 from __future__ import annotations
@@ -11,19 +13,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from attnres_export.backends.base import Runner
-from attnres_export.errors import AttnresError
+from attnres_export.errors import AttnresError, GenerationError
 from attnres_export.graphs.metadata import export_info, input_axes
 from attnres_export.models.base import PAST_PREFIX, PRESENT_PREFIX, STEP_INPUTS, WithPastFeeds, step_input_axes
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Decoder:
     """One forward step of a with-past graph behind ``runner``: ``step(ids, mask, positions, past) -> (logits,
-    past)``, ``past`` in the order of the graph's cache inputs."""
+    past)``, ``past`` in the order of the graph's cache inputs.
+    ``warnings``: lines for the user about what could not be checked (that the graph is the model's)."""
 
     def __init__(self, runner: Runner, axes: dict[str, list[str | int]], backend: str, info: dict | None = None,
                  past_dtypes: dict[str, type] | None = None) -> None:
@@ -42,6 +49,7 @@ class Decoder:
         self.info = info or {}
         self.max_seq_len: int | None = self.info.get("max_seq_len")
         self.past_dtypes = past_dtypes or {}
+        self.warnings: list[str] = []
         runner.activate()
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
@@ -77,24 +85,36 @@ def torch_decoder(model) -> Decoder:
     return Decoder(runner, axes, "pytorch", info)
 
 
-def onnx_decoder(path: Path, threads: int | None = None) -> Decoder:
-    """ONNX Runtime CPU on a with-past ONNX (attnres nodes through their NumPy reference ops)."""
+def onnx_decoder(path: Path, threads: int | None = None, model: nn.Module | None = None,
+                 model_name: str = "the model") -> Decoder:
+    """ONNX Runtime CPU on a with-past ONNX (attnres nodes through their NumPy reference ops). With ``model``
+    (called ``model_name`` in messages), the graph is refused before ONNX Runtime loads it when it is another
+    model's (``decode/identity.py``), and the decoder warns when that cannot be told."""
     from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
+    from attnres_export.decode.identity import refuse_other_model
     from attnres_export.graphs.load import load_onnx
 
-    model = load_onnx(path, load_external_data=False)
+    path = Path(path)
+    graph = load_onnx(path, load_external_data=False)
+    warning = None if model is None else refuse_other_model(path, graph, model, model_name)
     runner = OnnxRuntimeRunner(path, artifact=path.name, threads=threads)
     dtypes = {v.name: np.float16 if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else np.float32
-              for v in model.graph.input if v.name.startswith(PAST_PREFIX)}
-    return Decoder(runner, input_axes(model), runner.backend, export_info(model), dtypes)
+              for v in graph.graph.input if v.name.startswith(PAST_PREFIX)}
+    decoder = Decoder(runner, input_axes(graph), runner.backend, export_info(graph), dtypes)
+    decoder.warnings += [warning] if warning else []
+    return decoder
 
 
 def engine_decoder(path: Path, plugin: Path | None = None, allow_engine_host_code: bool = False) -> Decoder:
-    """A TensorRT engine built from a with-past ONNX (not yet verified on TensorRT: it is not installable here)."""
+    """A TensorRT engine built from a with-past ONNX (not yet verified on TensorRT: it is not installable here).
+    An engine records no model identity, so the decoder warns that its pairing with the model is unchecked."""
     from attnres_export.backends.tensorrt.runner import TensorRTRunner
 
     runner = TensorRTRunner(path, plugin=plugin, allow_engine_host_code=allow_engine_host_code)
-    return Decoder(runner, runner.input_axes(), "tensorrt")
+    decoder = Decoder(runner, runner.input_axes(), "tensorrt")
+    decoder.warnings.append(f"{Path(path).name}: a TensorRT engine records no model identity, so it cannot be "
+                            "checked that it was built from this model's with-past export")
+    return decoder
 
 
 @dataclass
@@ -159,13 +179,23 @@ def generate(decoder: Decoder, prompt: list[int], max_new_tokens: int, sampling:
     start = time.perf_counter()
     logits, past = decoder.step(ids, np.ones((1, n), np.int64), np.arange(n, dtype=np.int64)[None],
                                 decoder.empty_past(1))
-    token = pick(logits[:, -1], sampling, rng)
+    token = pick(finite(logits, 0, decoder.backend)[:, -1], sampling, rng)
     prefill = time.perf_counter() - start
     tokens = [int(token[0])]
     start = time.perf_counter()
     for pos in range(n, n + max_new_tokens - 1):
         logits, past = decoder.step(token[:, None], np.ones((1, pos + 1), np.int64),
                                     np.array([[pos]], dtype=np.int64), past)
-        token = pick(logits[:, -1], sampling, rng)
+        token = pick(finite(logits, pos - n + 1, decoder.backend)[:, -1], sampling, rng)
         tokens.append(int(token[0]))
     return Generation(tokens, list(prompt), decoder.backend, prefill, time.perf_counter() - start)
+
+
+def finite(logits: np.ndarray, step: int, backend: str) -> np.ndarray:
+    """``logits`` of ``step`` (0: the prefill, N: the Nth decode step) when they are all numbers; else one line
+    naming the step: a token picked from NaN or infinite logits means nothing."""
+    if not np.isfinite(logits).all():
+        what = "step 0 (the prefill)" if step == 0 else f"step {step} (decode of new token {step + 1})"
+        raise GenerationError(f"generate: the {backend} logits of {what} are NaN or infinite: the model overflows "
+                              "or holds broken weights; check the checkpoint, or run it in float32 if it is 16-bit")
+    return logits

@@ -19,7 +19,9 @@ from attnres_export.errors import ParityError
 
 
 class RoutingTrace:
-    """Every router call of a forward pass, in call order: the scores it chose by and the experts it chose.
+    """Every router call of a forward pass, in call order: the scores it chose by, the same scores before any
+    correction bias (``unbiased``: what a flip's regret is measured against, docs/parity.md#routing-aware-comparison)
+    and the experts it chose.
 
     With ``forced`` (one ``[tokens, k]`` index tensor per call, e.g. an exported graph's own choices), each call
     takes the given experts instead of its top-k and weights them by its own scores: the float64 reference rerun
@@ -28,9 +30,11 @@ class RoutingTrace:
     def __init__(self, forced: Sequence[torch.Tensor] | None = None) -> None:
         self.forced = list(forced) if forced is not None else None
         self.scores: list[torch.Tensor] = []
+        self.unbiased: list[torch.Tensor] = []
         self.chosen: list[torch.Tensor] = []
 
-    def top_k(self, choice: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def top_k(self, choice: torch.Tensor, k: int, unbiased: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.forced is None:
             values, indices = torch.topk(choice, k, dim=-1)
         else:
@@ -42,6 +46,7 @@ class RoutingTrace:
                                   f"forced choice is {list(indices.shape)}")
             values = choice.gather(1, indices)
         self.scores.append(choice.detach())
+        self.unbiased.append((choice if unbiased is None else unbiased).detach())
         self.chosen.append(indices.detach())
         return values, indices
 
@@ -60,7 +65,10 @@ def traced_routing(forced: Sequence[torch.Tensor] | None = None) -> Iterator[Rou
         _TRACE.reset(token)
 
 
-def top_k_experts(choice: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(choice, k)`` along the experts (an ONNX ``TopK``), or what an active ``traced_routing`` says."""
+def top_k_experts(choice: torch.Tensor, k: int, unbiased: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(choice, k)`` along the experts (an ONNX ``TopK``), or what an active ``traced_routing`` says.
+    ``unbiased``: the scores before a correction bias was added to ``choice`` (None: ``choice`` has none); only a
+    trace reads it."""
     trace = _TRACE.get()
-    return torch.topk(choice, k, dim=-1) if trace is None else trace.top_k(choice, k)
+    return torch.topk(choice, k, dim=-1) if trace is None else trace.top_k(choice, k, unbiased)

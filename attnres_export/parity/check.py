@@ -73,12 +73,13 @@ class References:
     shapes: list[Shape]
     feeds: dict[Shape, Feeds]
     expected: dict[Shape, Feeds]
-    """float32 PyTorch's outputs."""
+    """float32 PyTorch's outputs (with float64's expert choices where float64 ran)."""
     exact: dict[Shape, Feeds] | None
     """float64 PyTorch's outputs, the reference of the scaled bars (None: judged against float32 PyTorch)."""
     choices: dict[Shape, list] = field(default_factory=dict)
     """float64 PyTorch's own expert choices per shape (one ``[tokens, k]`` tensor per router call; none without
-    float64 or routers): what the 16-bit run is forced to, and what the routing-aware comparison starts from."""
+    float64 or routers): what the float32 and 16-bit runs are forced to, and what the routing-aware comparison
+    starts from."""
     same_type: dict[str, dict[Shape, Feeds]] = field(default_factory=dict)
     """Per 16-bit type of the artifacts judged against float64: PyTorch's outputs computing in it, with float64's
     expert choices (its arithmetic, not its flips), whose error scales those artifacts' bars."""
@@ -111,13 +112,15 @@ class CheckResult:
 def reference_outputs(subject: Subject, shapes: Sequence[Shape], status: Status = lambda _: None,
                       dtypes: Sequence[str] = ()) -> References:
     """Step 1: the PyTorch outputs (float32, and float64 when the subject has it) at every shape, with the feeds;
-    with float64, also PyTorch computing in each 16-bit type of ``dtypes`` (the artifacts' types)."""
+    with float64, also PyTorch computing in each 16-bit type of ``dtypes`` (the artifacts' types). With float64,
+    float32 and the 16-bit types run with float64's expert choices: their error scales the bars, and a near-tie
+    they break the other way would widen a bar by a flip instead of by their arithmetic (docs/parity.md#pass-bars)."""
     status("PyTorch references")
     feeds = {shape: subject.feeds(shape) for shape in shapes}
-    expected = run_reference(subject.reference, shapes, feeds.__getitem__)
     if subject.precise is None:
-        return References(list(shapes), feeds, expected, None)
+        return References(list(shapes), feeds, run_reference(subject.reference, shapes, feeds.__getitem__), None)
     exact, choices = _routed_outputs(subject.precise, feeds)
+    expected = _routed_outputs(subject.reference, feeds, choices)[0]
     same_type = {}
     for dtype in dict.fromkeys(d for d in dtypes if d in HALF_PRECISION):
         if subject.in_type is not None:

@@ -12,8 +12,8 @@ judges the arithmetic and the choices separately:
    artifact's type's, each run with the plain float64 run's choices);
 3. every choice that is not that float64 run's own top-k (a *flip*) must be a tie at the artifact's precision:
    the chosen expert's float64 score is below the k-th best by at most the dtype's relative L2 bar, relative to
-   the k-th best score (``TIE_FACTOR`` times the bar). A wrong router (a wrong expert, a wrong bias) makes large
-   regrets and fails here even when the rest agrees.
+   the k-th best expert's score before any correction bias (``TIE_FACTOR`` times the bar). A wrong router (a wrong
+   expert, a wrong bias) makes large regrets and fails here even when the rest agrees.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ if TYPE_CHECKING:  # parity/check.py imports this module
     from attnres_export.parity.check import References
 
 TIE_FACTOR = 1.0
-"""A flip is a tie when the chosen expert's float64 score is within ``TIE_FACTOR * rel_l2 bar`` (relative) of the
-k-th best: the same relative error the artifact may make on any output."""
+"""A flip is a tie when the chosen expert's float64 score is within ``TIE_FACTOR * rel_l2 bar`` of the k-th best,
+relative to the k-th best's unbiased score: the same relative error the artifact may make on any output."""
 CHOICE_PREFIX = "routing_choice."
 Shape = tuple[int, ...]
 Feeds = dict[str, np.ndarray]
@@ -69,7 +69,7 @@ class RoutingCheck:
     differ_from_float64: int
     """Choices that differ from the plain float64 run's (flips and the changes they cause downstream)."""
     max_relative_regret: float
-    """Largest (k-th best - chosen) / k-th best float64 score over the flips (0 without flips)."""
+    """Largest (k-th best - chosen) / k-th best's unbiased float64 score over the flips (0 without flips)."""
     tie_bar: float
 
     @property
@@ -138,15 +138,20 @@ def run_routed(model: nn.Module, feeds: dict[str, np.ndarray], dtype: str,
 
 def flip_regrets(trace: RoutingTrace) -> tuple[int, int, float]:
     """(choices, flips, largest relative regret) of a forced trace: per router call and token, whether the chosen
-    set is the call's own top-k, and by how much the weakest chosen expert trails the k-th best."""
+    set is the call's own top-k, and by how much the weakest chosen expert trails the k-th best, relative to the
+    k-th best expert's unbiased score. The gap is of the scores the router chooses by (biased, group-masked); the
+    scale is not, so a constant added to every correction bias, which changes no choice, changes no regret either
+    (relative to the biased score, a bias of 1e6 would make every flip a tie)."""
     choices = flips = 0
     worst = 0.0
-    for scores, chosen in zip(trace.scores, trace.chosen, strict=True):
+    for scores, unbiased, chosen in zip(trace.scores, trace.unbiased, trace.chosen, strict=True):
         k = chosen.shape[1]
-        kth = scores.topk(k, dim=-1).values[:, -1]
+        best = scores.topk(k, dim=-1)
+        kth = best.values[:, -1]
+        scale = unbiased.gather(1, best.indices[:, -1:]).squeeze(1).abs()
         weakest = scores.gather(1, chosen).min(dim=-1).values
-        regret = (kth - weakest) / kth.abs().clamp_min(torch.finfo(scores.dtype).tiny)
-        own = torch.topk(scores, k, dim=-1).indices.sort(dim=-1).values
+        regret = (kth - weakest) / scale.clamp_min(torch.finfo(scores.dtype).tiny)
+        own = best.indices.sort(dim=-1).values
         flipped = (own != chosen.sort(dim=-1).values).any(dim=-1)
         choices += flipped.numel()
         flips += int(flipped.sum())
@@ -172,11 +177,11 @@ def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance:
     """Step 2: judge the ``dtype`` artifact's ``outputs`` against ``model`` in float64 forced to its ``choices``,
     at ``tolerance`` scaled by PyTorch's own error (float32's, and for a 16-bit artifact that of PyTorch in its
     type, from ``references``), and its flips against the tie bar. The plain float64 run, its choices and the
-    16-bit run come from ``references`` (parity/check.py: ``reference_outputs`` ran them on the same feeds)."""
+    float32 and 16-bit runs with those choices come from ``references`` (parity/check.py: ``reference_outputs`` ran
+    them on the same feeds)."""
     checks = []
     for shape, shape_feeds in references.feeds.items():
-        exact, own_choices = references.exact[shape], references.choices[shape]
-        float32, _ = run_routed(model, shape_feeds, "float32", own_choices)  # its arithmetic, not its flips
+        exact, own_choices, float32 = references.exact[shape], references.choices[shape], references.expected[shape]
         same_type = references.same_type.get(dtype, {}).get(shape)
         routed, trace = run_routed(model, shape_feeds, "float64", choices[shape])
         if len(trace.chosen) != len(choices[shape]):
