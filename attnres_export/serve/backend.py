@@ -1,14 +1,22 @@
 """One Triton server started by PyTriton on loopback ports for ``attnres serve``'s front, and a watch on every
 process that serves the model: ``tritonserver``, one Python-backend stub per instance, and what the stubs start
-(PyTriton's tensor store). Triton's Python backend does not restart a stub that died: it answers every request
-routed to that instance with "Stub process ... is not healthy" while its readiness stays true, so the supervisor
-(server.py) replaces the whole backend instead.
+(PyTriton's tensor store), and on its health: a server that stops answering its loopback readiness endpoint
+(stopped, deadlocked) counts as dead. Triton's Python backend does not restart a stub that died: it answers every
+request routed to that instance with "Stub process ... is not healthy" while its readiness stays true, so the
+supervisor (server.py) replaces the whole backend instead.
+
+``tritonserver`` and everything it starts run in a process group of their own: a signal sent to the command's
+process group (Ctrl-C in a terminal, ``kill -- -PGID``) reaches only ``attnres serve``, which drains the front
+before it stops Triton, instead of killing the stubs' tensor stores under requests in flight (measured before: every
+in-flight request answered 500 ``BrokenPipeError``). A stopped backend's group is killed whole, so nothing it
+started outlives it.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -21,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnres_export.serve.dependencies import ServeError, require, server_environment
-from attnres_export.serve.proxy_patches import patch_proxy
+from attnres_export.serve.proxy_patches import patch_proxy, patch_server_start
 from attnres_export.serve.wire import one_line
 
 STUB = "triton_python_backend_stub"
@@ -30,6 +38,36 @@ START_GRACE_S = 30
 two-core machine the gap was measured above 5 s)."""
 RESTRICTED = ["shared-memory", "model-repository", "trace", "logging"]
 """Endpoints that change the server: they keep PyTriton's generated access token (statistics stay readable)."""
+HEALTH_PERIOD_S = 1.0
+"""How often the watch asks Triton whether the model is ready (on its loopback HTTP port)."""
+HEALTH_TIMEOUT_S = 2.0
+"""How long one health question waits for its answer."""
+HUNG_AFTER_S = 6.0
+"""A server that has answered no health question for this long counts as dead: a stopped or deadlocked
+``tritonserver`` keeps its pid and readiness, and requests sent to it waited forever (measured before: readiness 200
+and a request unanswered after 20 s, 10 s after a SIGSTOP)."""
+
+_fork_policy = threading.local()
+"""``own_group`` is true on the thread that starts Triton: what it forks gets a process group of its own."""
+
+
+def _own_process_group() -> None:
+    """Run in every child ``os.fork`` makes (PyTriton starts ``tritonserver`` through ``sh``, which forks)."""
+    if getattr(_fork_policy, "own_group", False):
+        os.setpgid(0, 0)
+
+
+os.register_at_fork(after_in_child=_own_process_group)
+
+
+@contextlib.contextmanager
+def own_process_group():
+    """Processes this thread forks meanwhile lead a process group of their own (and what they start joins it)."""
+    _fork_policy.own_group = True
+    try:
+        yield
+    finally:
+        _fork_policy.own_group = False
 
 
 def loopback_ports(count: int) -> list[int]:
@@ -92,6 +130,14 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def own_group(pid: int | None) -> int | None:
+    """``pid`` when it leads a process group of its own (not this process's), else ``None``."""
+    try:
+        return pid if pid is not None and os.getpgid(pid) == pid != os.getpgrp() else None
+    except ProcessLookupError:
+        return None
+
+
 def descendants(pid: int) -> set[int]:
     found, frontier = set(), [pid]
     while frontier:
@@ -108,10 +154,39 @@ class Addresses:
     metrics: str
 
 
+class HealthWatch:
+    """Asks ``GET /v2/models/MODEL/ready`` at ``address`` at most every ``period_s``; ``hung`` once no question
+    has been answered 200 for ``hung_after_s`` (a watch starts as just answered)."""
+
+    def __init__(self, address: str, model: str, period_s: float = HEALTH_PERIOD_S,
+                 timeout_s: float = HEALTH_TIMEOUT_S, hung_after_s: float = HUNG_AFTER_S) -> None:
+        self.host, _, port = address.rpartition(":")
+        self.port, self.path = int(port), f"/v2/models/{model}/ready"
+        self.period_s, self.timeout_s, self.hung_after_s = period_s, timeout_s, hung_after_s
+        self.answered = self.asked = time.monotonic()
+
+    def healthy(self) -> bool:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            connection.request("GET", self.path)
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+    def hung(self) -> bool:
+        if time.monotonic() - self.asked >= self.period_s:
+            if self.healthy():
+                self.answered = time.monotonic()
+            self.asked = time.monotonic()
+        return time.monotonic() - self.answered > self.hung_after_s
+
+
 class TritonBackend:
     """``start`` runs Triton with ``infer_functions`` (one per instance) bound as ``model``, waits until the model
-    is ready and every stub runs, and returns the loopback addresses; ``dead`` names a watched process that has
-    died (or ``None``); ``stop`` stops it all (idempotent)."""
+    is ready and every stub runs, and returns the loopback addresses; ``dead`` says what ended it (a watched process
+    died, the server stopped answering) or ``None``; ``stop`` stops it all (idempotent)."""
 
     def __init__(self, model: str, signature, infer_functions: list, workspace: Path, exit_timeout_s: int,
                  max_queue_delay_us: int, on_folder: Callable[[Path], None] = lambda _: None) -> None:
@@ -125,6 +200,10 @@ class TritonBackend:
         """Told each folder Triton makes for the model, as soon as it is seen (workspace.leftover)."""
         self.triton = None
         self.watched: list[Process] = []
+        self.health: HealthWatch | None = None
+        self.hung = False
+        self.group: Process | None = None
+        """The leader of the process group of ``tritonserver`` and what it started (the server itself)."""
         self.model_folders: list[Path] = []
         self.abandoned = False
         self._release = threading.Event()
@@ -159,6 +238,7 @@ class TritonBackend:
         http = require("tritonclient.http", "attnres serve")
         patch_proxy(require("pytriton.models.model", "attnres serve").Model,
                     require("pytriton.proxy.data", "attnres serve").TensorStore)
+        patch_server_start(require("pytriton.server.triton_server", "attnres serve").TritonServer)
         ports = loopback_ports(3)
         self._bind(triton_module, model_config, ports)
         # The Python-backend stub links libpython3.X: this interpreter's must come first (server_environment).
@@ -170,7 +250,8 @@ class TritonBackend:
 
         def run() -> None:
             try:
-                self.triton.run()
+                with own_process_group():
+                    self.triton.run()
             except BaseException as exc:  # reported by the waiting thread
                 failure.append(exc)
                 return
@@ -197,6 +278,7 @@ class TritonBackend:
                 if server is None:
                     pid = self.server_pid()
                     server = Process.of(pid, "tritonserver") if pid is not None else None
+                    self.group = self.group or (server if own_group(pid) else None)
                 if server is not None:
                     self._note_model_folders(server.pid)
                 # PyTriton copies the stub last, just before it starts the server: a server not seen running
@@ -210,6 +292,7 @@ class TritonBackend:
                     self._abandon()
                     raise ServeError(f"model {self.model!r} was not ready {timeout_s:.0f} s after Triton started; "
                                      "see its log above")
+        self.health = HealthWatch(addresses.http, self.model)
         return addresses
 
     def server_pid(self) -> int | None:
@@ -266,16 +349,32 @@ class TritonBackend:
                     self.on_folder(folder)
 
     def dead(self) -> str | None:
-        """The first watched process that has died, as ``what (pid N)``, else ``None``."""
+        """What ended this backend (``what (pid N) died``, or a server that answered no health question for
+        ``HUNG_AFTER_S``), else ``None``."""
         for process in self.watched:
             if not process.alive():
-                return f"{process.what} (pid {process.pid})"
+                return f"{process.what} (pid {process.pid}) died"
         if self.triton is not None and not self.triton.is_alive():
-            return "PyTriton's request handling in this process"
+            return "PyTriton's request handling in this process died"
+        if self.health is not None and self.watched and self.health.hung():
+            self.hung = True
+            server = self.watched[0]
+            return f"{server.what} (pid {server.pid}) answered no health check for {self.health.hung_after_s:.0f} s"
         return None
 
     def stop(self) -> None:
-        """Stop the server and its stubs (an abandoned start: its server process was signalled already)."""
+        """Stop the server and its stubs (an abandoned start: its server process was signalled already; a hung
+        server is killed, it cannot stop itself), then kill what is left of its process group."""
+        if self.hung:
+            self._kill_group()
         if self.triton is not None and not self.abandoned:
             self.triton.stop()
         self._release.set()
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL the server's process group, while a process known to be in it runs (so that its id cannot have
+        passed to another group)."""
+        if self.group is not None and any(p.alive() for p in (self.group, *self.watched)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.group.pid, signal.SIGKILL)

@@ -7,11 +7,16 @@ answered here from what the supervisor reports (ready: the model is loaded and e
 alive), so a restart of the backend shows as not-ready instead of failing requests. Errors Triton answers with
 reach the client as their last line (PyTriton puts whole Python tracebacks in them). Runs on its own thread and
 asyncio loop; the supervisor publishes the backend's state with one attribute write (``FrontState.view``).
+
+Stopping drains: the ports keep listening, readiness and new requests answer 503 (the state says why), and the
+requests in flight finish (at most ``drain_s``) before the ports close and Triton is stopped behind them. Closing
+the listening sockets first, as aiohttp's cleanup does, refused readiness probes outright during the drain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -28,6 +33,8 @@ HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "kee
 RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length")
 CONTROL_JSON_DEPTH = 8
 """Nesting allowed in a request that is not an inference (their JSON is flat objects)."""
+CLOSE_S = 1.0
+"""How long the ports wait for requests still in flight after the drain before they close (and cut them)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,33 @@ class FrontState:
         return f"model {self.model!r} is not ready: {self.view.reason}"
 
 
+class InFlight:
+    """The requests the front is answering, counted on its loop, so that stopping can wait for them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def held(self):
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+            self._changed.set()
+
+    async def drained(self, timeout_s: float) -> int:
+        """Wait until no request is in flight, at most ``timeout_s``; the number still in flight."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.count and loop.time() < deadline:
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+        return self.count
+
+
 def _error(web, status: int, message: str):
     return web.json_response({"error": message}, status=status)
 
@@ -66,10 +100,11 @@ def _error(web, status: int, message: str):
 class HttpFront:
     """The HTTP/REST port (KServe v2) and the metrics port, on aiohttp."""
 
-    def __init__(self, state: FrontState) -> None:
+    def __init__(self, state: FrontState, in_flight: InFlight) -> None:
         self.web = require("aiohttp.web", "attnres serve")
         self.aiohttp = require("aiohttp", "attnres serve")
         self.state = state
+        self.in_flight = in_flight
         self.session = None
 
     def apps(self):
@@ -116,6 +151,12 @@ class HttpFront:
         ours = match is not None and match["name"] == state.model
         if ours and rest == "/ready":
             return web.Response(status=200 if view.ready else 503)
+        with self.in_flight.held():
+            return await self.answer(request, view, rest, ours)
+
+    async def answer(self, request, view: BackendView, rest: str | None, ours: bool):
+        """A request that is not health or readiness: refused in one line, or forwarded to the backend."""
+        web, state = self.web, self.state
         try:
             if rest in ("/generate", "/generate_stream"):
                 raise RequestRefused(f"{rest.lstrip('/')} is not served here; use POST "
@@ -140,6 +181,10 @@ class HttpFront:
     async def forward(self, request, address: str, body: bytes):
         web = self.web
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        # The client's encodings, or none: aiohttp would otherwise offer gzip for it, and Triton gzipped the answer
+        # to a plain ``curl`` that never asked for it.
+        if "accept-encoding" not in (k.lower() for k in headers):
+            headers["Accept-Encoding"] = "identity"
         url = f"http://{address}{request.rel_url}"
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers,
@@ -176,11 +221,12 @@ class GrpcFront:
     """The gRPC port: Triton's GRPCInferenceService forwarded as raw messages, inference requests checked,
     health and readiness answered here."""
 
-    def __init__(self, state: FrontState) -> None:
+    def __init__(self, state: FrontState, in_flight: InFlight) -> None:
         self.grpc = require("grpc", "attnres serve")
         self.aio = require("grpc.aio", "attnres serve")
         self.pb = require("tritonclient.grpc.service_pb2", "attnres serve")
         self.state = state
+        self.in_flight = in_flight
         self.channels: dict[str, object] = {}
         self.closing: set[asyncio.Future] = set()
 
@@ -251,9 +297,10 @@ class GrpcFront:
                 return pb.ServerReadyResponse(ready=state.view.ready).SerializeToString()
             if method == "ModelReady" and pb.ModelReadyRequest.FromString(raw).name == state.model:
                 return pb.ModelReadyResponse(ready=state.view.ready).SerializeToString()
-            if method == "ModelInfer":
-                self.check_infer(raw)
-            return await self.upstream(method, raw, context)
+            with self.in_flight.held():
+                if method == "ModelInfer":
+                    self.check_infer(raw)
+                return await self.upstream(method, raw, context)
         except RequestRefused as refused:
             await context.abort(self.refuse_code(refused.status), str(refused))
         except self.aio.AioRpcError as error:
@@ -266,8 +313,9 @@ class GrpcFront:
         async for raw in requests:
             request_id = ""
             try:
-                request_id = self.check_infer(raw).id
-                answer = pb.ModelInferResponse.FromString(await self.upstream("ModelInfer", raw, context))
+                with self.in_flight.held():
+                    request_id = self.check_infer(raw).id
+                    answer = pb.ModelInferResponse.FromString(await self.upstream("ModelInfer", raw, context))
                 yield pb.ModelStreamInferResponse(infer_response=answer).SerializeToString()
             except RequestRefused as refused:
                 yield pb.ModelStreamInferResponse(error_message=str(refused), infer_response=pb.ModelInferResponse(
@@ -285,16 +333,20 @@ def _address(host: str, port: int) -> str:
 
 class Front:
     """The three public ports on one thread: ``start`` returns once they listen (or raises one line),
-    ``stop`` lets requests in flight finish (at most ``grace_s``) and closes them."""
+    ``stop`` lets requests in flight finish (at most ``drain_s``; the caller has set the state not ready, which
+    readiness and new requests answer meanwhile) and closes the ports."""
 
     def __init__(self, state: FrontState, host: str, http_port: int, grpc_port: int, metrics_port: int,
-                 grace_s: float) -> None:
+                 drain_s: float) -> None:
         self.state = state
         self.host, self.ports = host, {"--http-port": http_port, "--grpc-port": grpc_port,
                                        "--metrics-port": metrics_port}
-        self.grace_s = grace_s
-        self.http = HttpFront(state)
-        self.grpc = GrpcFront(state)
+        self.drain_s = drain_s
+        self.in_flight = InFlight()
+        self.http = HttpFront(state, self.in_flight)
+        self.grpc = GrpcFront(state, self.in_flight)
+        self.cut = 0
+        """Requests still in flight when the drain ended (their connections were closed)."""
         self._started = threading.Event()
         self._error: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -309,17 +361,19 @@ class Front:
             self._thread.join(timeout_s)
             raise ServeError(self._error)
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Drain and close the ports; the number of requests cut off at the end of the drain."""
         if self._loop is not None and self._stopping is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(self.grace_s + 10)
+        self._thread.join(self.drain_s + CLOSE_S + 10)
+        return self.cut
 
     async def _main(self) -> None:
         web = self.http.web
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         api, metrics = self.http.apps()
-        runners = [web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=self.grace_s)
+        runners = [web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_S)
                    for app in (api, metrics)]
         grpc_server = self.grpc.aio.server(options=[
             ("grpc.max_receive_message_length", self.state.limits.max_body_bytes),
@@ -343,7 +397,8 @@ class Front:
         self._started.set()
         if self._error is None:
             await self._stopping.wait()
-            await grpc_server.stop(self.grace_s)
+            self.cut = await self.in_flight.drained(self.drain_s)
+            await grpc_server.stop(CLOSE_S)
         for runner in runners:
             await runner.cleanup()
         await self.grpc.close()

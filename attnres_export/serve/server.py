@@ -5,10 +5,12 @@ TensorRT runner.
 The public ports belong to the front (front.py), which checks every request against the model's limits
 (limits.py) and answers health and readiness; Triton listens on loopback ports behind it (backend.py). Triton's
 dynamic batcher gathers requests for up to ``max_queue_delay_us``; each model instance owns one runner (its own
-ONNX Runtime session or TensorRT context). The supervisor here watches every process that serves the model and
-replaces the backend when one dies (the front reports not-ready meanwhile). The server stops cleanly when
-``stop`` is set (the command sets it on SIGINT/SIGTERM): in-flight requests finish, the server process and its
-Python-backend stubs exit, the workspace is removed (workspace.py; by its guard if this process is killed).
+ONNX Runtime session or TensorRT context). The supervisor here watches every process that serves the model, and
+Triton's health, and replaces the backend when one dies or Triton stops answering (the front reports not-ready
+meanwhile). The server stops cleanly when ``stop`` is set (the command sets it on SIGINT/SIGTERM): readiness and
+new requests answer 503, the front drains the requests in flight (at most ``drain_s``), then the server process
+and its Python-backend stubs exit and the workspace is removed (workspace.py; by its guard if this process is
+killed).
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ class ServeOptions:
     plugin: Path | None = None
     allow_engine_host_code: bool = False
     exit_timeout_s: int = 10
+    """How long Triton waits for its own in-flight requests when it is stopped (``--exit-timeout-secs``)."""
+    drain_s: float = 10.0
+    """How long a stop waits for the front's requests in flight to be answered before it cuts them off."""
 
 
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600
-"""The backend is replaced at most this often in this window; a fourth death in it ends the server (exit 1)."""
+"""The backend is replaced at most this often in this window; a fourth failure in it (a process that serves the
+model died, or Triton stopped answering its health checks) ends the server (exit 1)."""
 START_ATTEMPTS = 5
 """Tries to start a backend before the server gives up (exit 1)."""
 STUB_BYTES = 128 * 1024 * 1024
@@ -287,15 +293,15 @@ class Supervisor:
                 dead = self.backend.dead()
             if dead is None:
                 return
-            self.state.not_ready(f"{dead} died; the backend is restarting")
+            self.state.not_ready(f"{dead}; the backend is restarting")
             now = time.monotonic()
             deaths.append(now)
             while deaths[0] < now - RESTART_WINDOW_S:
                 deaths.popleft()
             if len(deaths) > MAX_RESTARTS:
-                raise ServeError(f"{dead} died, the backend's {len(deaths)}th death in {RESTART_WINDOW_S // 60} "
+                raise ServeError(f"{dead}, the backend's {len(deaths)}th failure in {RESTART_WINDOW_S // 60} "
                                  "minutes; giving up")
-            self.on_event(f"{dead} died; restarting the backend (restart {len(deaths)} of at most {MAX_RESTARTS} "
+            self.on_event(f"{dead}; restarting the backend (restart {len(deaths)} of at most {MAX_RESTARTS} "
                           f"in {RESTART_WINDOW_S // 60} minutes)")
             self.stop_backend()
 
@@ -316,7 +322,7 @@ def serve(options: ServeOptions, stop: threading.Event, on_ready: Callable[[Serv
     served = prepare_model(options)
     state = FrontState(served.name, served.limits)
     front = Front(state, options.host, options.http_port, options.grpc_port, options.metrics_port,
-                  grace_s=options.exit_timeout_s)
+                  drain_s=options.drain_s)
     with ServeWorkspace(served.name, len(served.runners)) as workspace:
         supervisor = Supervisor(served, options, state, workspace, on_event)
         front.start()
@@ -325,6 +331,8 @@ def serve(options: ServeOptions, stop: threading.Event, on_ready: Callable[[Serv
             supervisor.run(stop, lambda: on_ready(served, endpoints(options)), poll_s)
         finally:
             state.not_ready("the server is shutting down")
-            front.stop()
+            cut = front.stop()
+            if cut:
+                on_event(f"{cut} request(s) still in flight after the {options.drain_s:.0f} s drain were cut off")
             supervisor.stop_backend()
             deactivate(served)

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,16 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def wait_for(condition, timeout_s: float, step_s: float = 0.1) -> float | None:
+    """Seconds until ``condition()`` held (``None``: it did not within ``timeout_s``)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(step_s)
+    return None
 
 
 @dataclass
@@ -57,6 +69,16 @@ class Server:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def status(self, path: str) -> int | None:
+        """The HTTP status of GET ``path`` on the front (``None``: nothing answered)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http}{path}", timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            return None
+
 
 def launch(artifact: Path, log: Path, *args: str, model: str = "m", env: dict | None = None) -> Server:
     """``attnres serve ARTIFACT --model-name MODEL`` on free loopback ports, started (not yet ready)."""
@@ -65,8 +87,10 @@ def launch(artifact: Path, log: Path, *args: str, model: str = "m", env: dict | 
                "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
                *args]
     with log.open("wb") as sink:
+        # A session of its own, as a server started from a shell or a service manager has: a signal to its
+        # process group (Ctrl-C in a terminal, ``kill -- -PGID``) then reaches the server, not pytest.
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env)
+                                   env=env, start_new_session=True)
     return Server(process, model, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", f"127.0.0.1:{metrics_port}",
                   log)
 

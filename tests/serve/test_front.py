@@ -1,10 +1,13 @@
 """The front on its own, in front of a fake Triton (an aiohttp app on loopback): readiness is what the
 supervisor reports, requests outside the limits never reach the backend and get one line with a 400-class
-status, a traceback from the backend reaches the client as one line, and the front keeps serving."""
+status, a traceback from the backend reaches the client as one line, answers come in the encoding the client
+accepts, and the front keeps serving."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import http.client
 import json
 import threading
 import urllib.error
@@ -26,11 +29,14 @@ pytestmark = NEEDS_SERVER
 
 
 class FakeTriton:
-    """An HTTP server standing in for Triton: infer echoes, or answers PyTriton's traceback for input 3."""
+    """An HTTP server standing in for Triton: infer echoes after ``delay_s``, or answers PyTriton's traceback for
+    input 3; like Triton, it gzips an answer when the request accepts gzip."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         self.port = loopback_ports(1)[0]
+        self.delay_s = delay_s
         self.bodies: list[bytes] = []
+        self.accepted: list[str | None] = []
         self.ready = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=lambda: asyncio.run(self.main()), daemon=True)
@@ -41,17 +47,26 @@ class FakeTriton:
         async def infer(request):
             body = await request.read()
             self.bodies.append(body)
+            self.accepted.append(request.headers.get("Accept-Encoding"))
+            await asyncio.sleep(self.delay_s)
             if json.loads(body)["inputs"][0]["data"] == [[3]]:
                 return web.json_response({"error": PYTRITON_ERROR}, status=500)
-            return web.json_response({"model_name": "m", "outputs": []})
+            answer = web.json_response({"model_name": "m", "outputs": []})
+            if "gzip" in request.headers.get("Accept-Encoding", ""):
+                answer.enable_compression(web.ContentCoding.gzip)
+            return answer
 
         async def metrics(_):
             return web.Response(text="nv_inference_count 1\n")
 
+        async def model_ready(_):
+            return web.Response()
+
         app = web.Application()
         app.router.add_post("/v2/models/m/infer", infer)
+        app.router.add_get("/v2/models/m/ready", model_ready)
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # a slow answer does not hold exit
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
         self.loop, self.stopping = asyncio.get_running_loop(), asyncio.Event()
@@ -74,7 +89,7 @@ def front(tmp_path):
     model = onnx.load(str(tiny_onnx(tmp_path / "tiny.onnx")))
     state = FrontState("m", onnx_limits("m", model, onnx_signature(model)))
     http, grpc, metrics = loopback_ports(3)
-    running = Front(state, "127.0.0.1", http, grpc, metrics, grace_s=2)
+    running = Front(state, "127.0.0.1", http, grpc, metrics, drain_s=2)
     running.start()
     running.urls = (f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}")
     yield running
@@ -164,3 +179,29 @@ def test_grpc_readiness_and_refusals_are_answered_by_the_front(front):
                                          "4 tokens)"
     finally:
         client.close()
+
+
+def test_an_answer_comes_in_the_encoding_the_client_accepts_identity_when_it_names_none(front):
+    http_url = front.urls[0]
+
+    def post(headers: dict) -> tuple[str | None, bytes]:
+        """What ``curl`` sends: no Accept-Encoding unless given (urllib would add ``identity`` itself)."""
+        connection = http.client.HTTPConnection(http_url.removeprefix("http://"), timeout=30)
+        try:
+            body = infer([[1]])
+            connection.putrequest("POST", "/v2/models/m/infer", skip_accept_encoding=True)
+            for name, value in {"Content-Length": str(len(body)), **headers}.items():
+                connection.putheader(name, value)
+            connection.endheaders(body)
+            answer = connection.getresponse()
+            return answer.getheader("Content-Encoding"), answer.read()
+        finally:
+            connection.close()
+
+    with FakeTriton() as triton:
+        front.state.serving(f"127.0.0.1:{triton.port}", "127.0.0.1:1", f"127.0.0.1:{triton.port}")
+        encoding, plain = post({})
+        assert encoding is None and json.loads(plain)["model_name"] == "m"
+        encoding, packed = post({"Accept-Encoding": "gzip"})
+        assert encoding == "gzip" and json.loads(gzip.decompress(packed))["model_name"] == "m"
+        assert triton.accepted == ["identity", "gzip"]

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -17,31 +14,11 @@ import pytest
 from attnres_export.serve.backend import STUB, command_line, descendants
 from attnres_export.serve.workspace import SHM_DIR, shm_prefix
 from tests.serve.conftest import NEEDS_SERVER
-from tests.serve.server_process import alive, launch
+from tests.serve.server_process import alive, launch, wait_for
 from tests.serve.test_server import _infer
 
 pytestmark = [NEEDS_SERVER, pytest.mark.slow]
 START_S = 240  # a loaded two-core machine needed up to three starts of the backend
-
-
-def status(server, path: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://{server.http}{path}", timeout=10) as answer:
-            return answer.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
-
-
-def wait_for(condition, timeout_s: float, step_s: float = 0.1) -> float | None:
-    """Seconds until ``condition()`` held (``None``: it did not within ``timeout_s``)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if condition():
-            return time.monotonic() - start
-        time.sleep(step_s)
-    return None
 
 
 def stubs(server) -> list[int]:
@@ -58,11 +35,11 @@ def test_readiness_restarts_and_sigkill_cleanup(served_onnx, tmp_path):
     expected = reference.infer({"input_ids": ids})["logits"]
     server = launch(served_onnx, tmp_path / "serve.log", "--instances", "2")
     try:
-        first_live = wait_for(lambda: status(server, "/v2/health/live") == 200, START_S)
+        first_live = wait_for(lambda: server.status("/v2/health/live") == 200, START_S)
         assert first_live is not None, server.output()[-3000:]
         # The front listens (live) while the runners load and Triton starts, and says not ready meanwhile.
-        assert status(server, "/v2/health/ready") == 503 and status(server, "/v2/models/m/ready") == 503
-        assert wait_for(lambda: status(server, "/v2/health/ready") == 200, START_S) is not None, \
+        assert server.status("/v2/health/ready") == 503 and server.status("/v2/models/m/ready") == 503
+        assert wait_for(lambda: server.status("/v2/health/ready") == 200, START_S) is not None, \
             server.output()[-3000:]
         # Ready means the model answers at once.
         np.testing.assert_allclose(_infer("http", server.http, "m", ids), expected, rtol=1e-6, atol=1e-6)
@@ -70,9 +47,9 @@ def test_readiness_restarts_and_sigkill_cleanup(served_onnx, tmp_path):
         killed = stubs(server)
         assert len(killed) == 2
         os.kill(killed[1], signal.SIGKILL)
-        assert wait_for(lambda: status(server, "/v2/health/ready") == 503, 5) is not None
-        assert status(server, "/v2/models/m/ready") == 503
-        back = wait_for(lambda: status(server, "/v2/health/ready") == 200, START_S, step_s=0.5)
+        assert wait_for(lambda: server.status("/v2/health/ready") == 503, 5) is not None
+        assert server.status("/v2/models/m/ready") == 503
+        back = wait_for(lambda: server.status("/v2/health/ready") == 200, START_S, step_s=0.5)
         assert back is not None, server.output()[-3000:]
         assert "died; restarting the backend" in server.output()
         assert "the backend is serving m again" in server.output()

@@ -55,7 +55,7 @@ class Script:
                 self.polls += 1
                 if self.polls == 1:
                     script.serving.append(script.state.view)
-                return "model instance m_0_1 (pid 7)" if what == "die" and self.polls > 2 else None
+                return "model instance m_0_1 (pid 7) died" if what == "die" and self.polls > 2 else None
 
             def stop(self):
                 script.stopped += 1
@@ -132,7 +132,7 @@ def test_a_backend_whose_process_died_is_replaced_and_reported_not_ready_meanwhi
 def test_a_backend_that_keeps_dying_ends_the_server_in_one_line(workspace):
     script = Script("die", "die", "die", "die")
     outcome = supervise(script, workspace, "never")
-    assert outcome.error == "model instance m_0_1 (pid 7) died, the backend's 4th death in 10 minutes; giving up"
+    assert outcome.error == "model instance m_0_1 (pid 7) died, the backend's 4th failure in 10 minutes; giving up"
     assert len([e for e in outcome.events if "restarting the backend" in e]) == 3
     assert not script.state.view.ready and "died; the backend is restarting" in script.state.view.reason
 
