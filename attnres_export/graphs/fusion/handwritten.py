@@ -21,7 +21,8 @@ BROADCASTS = ("Cast", "Identity", "Unsqueeze", "Reshape", "Expand")
 """Ops between a sum of exponentials and the division by it (keepdims=0 sums are unsqueezed back)."""
 
 
-def _through_casts(index: GraphIndex, name: str, ops: tuple[str, ...] = ("Cast", "Identity")) -> onnx.NodeProto | None:
+def through_casts(index: GraphIndex, name: str, ops: tuple[str, ...] = ("Cast", "Identity")) -> onnx.NodeProto | None:
+    """The producer of ``name`` behind any chain of ``ops``."""
     node = index.producer.get(name)
     while node is not None and node.op_type in ops:
         node = index.producer.get(node.input[0])
@@ -30,10 +31,10 @@ def _through_casts(index: GraphIndex, name: str, ops: tuple[str, ...] = ("Cast",
 
 def exp_sum_divisor(index: GraphIndex, name: str) -> onnx.NodeProto | None:
     """The Exp whose single-axis ReduceSum ``name`` is (through casts and unsqueezes), else None."""
-    total = _through_casts(index, name, BROADCASTS)
+    total = through_casts(index, name, BROADCASTS)
     if total is None or total.op_type != "ReduceSum" or len(index.int_list(total, 1, "axes") or []) != 1:
         return None
-    exp = _through_casts(index, total.input[0])
+    exp = through_casts(index, total.input[0])
     return exp if exp is not None and exp.op_type == "Exp" else None
 
 
@@ -43,7 +44,7 @@ def _unshifted(index: GraphIndex, name: str) -> str:
     sub = index.producer.get(name)
     if sub is None or sub.op_type != "Sub":
         return name
-    peak = _through_casts(index, sub.input[1], BROADCASTS)
+    peak = through_casts(index, sub.input[1], BROADCASTS)
     if peak is None or peak.op_type != "ReduceMax" or peak.input[0] != sub.input[0]:
         return name
     return sub.input[0]
@@ -56,10 +57,10 @@ def _deferred_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
         if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         exp = exp_sum_divisor(index, node.input[1])
-        if exp is None or exp.output[0] in seen or _through_casts(index, node.input[0]) is exp:
+        if exp is None or exp.output[0] in seen or through_casts(index, node.input[0]) is exp:
             continue
         seen.add(exp.output[0])
-        total = _through_casts(index, node.input[1], BROADCASTS)
+        total = through_casts(index, node.input[1], BROADCASTS)
         found.append(oh.make_node("Softmax", [_unshifted(index, exp.input[0])], [exp.output[0]],
                                   name=exp.name or exp.output[0],
                                   axis=int(index.int_list(total, 1, "axes")[0])))
@@ -69,7 +70,7 @@ def _deferred_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
 def handwritten_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
     """The virtual Softmaxes of the three spellings (an Exp is anchored once, by the first that takes it)."""
     quotient, deferred = _quotient_softmaxes(index), _deferred_softmaxes(index)
-    exps = [_through_casts(index, index.producer[n.output[0]].input[0]) for n in quotient]
+    exps = [through_casts(index, index.producer[n.output[0]].input[0]) for n in quotient]
     taken = {id(node) for node in exps if node is not None} | {id(index.producer[n.output[0]]) for n in deferred}
     return [*quotient, *deferred, *_unnormalized_softmaxes(index, taken)]
 
@@ -109,10 +110,10 @@ def _quotient_softmaxes(index: GraphIndex) -> list[onnx.NodeProto]:
     for node in index.nodes:
         if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
-        exp, total = _through_casts(index, node.input[0]), _through_casts(index, node.input[1])
+        exp, total = through_casts(index, node.input[0]), through_casts(index, node.input[1])
         if exp is None or total is None or exp.op_type != "Exp" or total.op_type != "ReduceSum":
             continue
-        if _through_casts(index, total.input[0]) is not exp or attribute(total, "keepdims", 1) != 1:
+        if through_casts(index, total.input[0]) is not exp or attribute(total, "keepdims", 1) != 1:
             continue
         axes = index.int_list(total, 1, "axes")
         if axes is None or len(axes) != 1:

@@ -26,6 +26,8 @@ class Site(Protocol):
 
     anchor: onnx.NodeProto
     """The softmax the site is reported under (one of ``FusionContext.softmaxes``)."""
+    label: str
+    """What the report calls it (``result.site_label``: the softmax, and the query when it scores several)."""
 
 
 class FusionPattern(Protocol):

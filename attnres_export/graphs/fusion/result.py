@@ -25,8 +25,9 @@ class Replacement:
     note: str = ""
     """Why the site is fused only in part, when it is (``partial``)."""
     partial: bool = False
-    warnings: list[str] = field(default_factory=list)
-    """What the user should know about a site that verified (e.g. that the graph lost something the model has)."""
+    part_of: str = ""
+    """The fused node that replaces this site too (a one-key softmax scoring the partial of a two-phase merge):
+    ``plan`` is None, and the site is counted as that node's, not as one of its own."""
 
 
 @dataclass
@@ -44,7 +45,14 @@ class SiteOutcome:
     partial: bool = False
     """Fused in part (a two-phase merge's phase 1 is one node, its merge with the partial stays standard ops)."""
     op_type: str | None = None
-    warnings: list[str] = field(default_factory=list)
+    part_of: str = ""
+    """The fused node this site became part of (its own is none; see ``Replacement.part_of``)."""
+
+
+def site_label(softmax: onnx.NodeProto, query: int | None = None) -> str:
+    """What the report calls a site: its softmax, and the query when that softmax scores several at once."""
+    label = softmax.name or softmax.output[0]
+    return label if query is None else f"{label}[{query}]"
 
 
 @dataclass
@@ -52,19 +60,23 @@ class FusionResult:
     model: onnx.ModelProto
     sites: list[SiteOutcome]
     values: dict[str, np.ndarray]
-    """Every value of the original graph on the feeds that drove the fusion (its outputs are the reference)."""
+    """Every value of the graph fused on the feeds that drove the fusion (its outputs are the reference): the input
+    graph, or that graph with the eps put back into its RMS norms when one divided a row of zeros by 0 (eps.py)."""
     kinds: dict[str, str] = field(default_factory=dict)
     """The kind of site of every registered pattern, keyed by the op it writes, in the order they ran."""
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    """What the user should know about the graph (e.g. RMS norms that lost their eps, eps.py), each warning with the
+    places it applies to."""
 
     @property
     def fused_by_op(self) -> dict[str, int]:
         """Fused sites per attnres op (the nodes of that op in the fused model), for the ops with any."""
-        counts = Counter(s.op_type for s in self.sites if s.fused and s.op_type)
+        counts = Counter(s.op_type for s in self.sites if s.fused and s.op_type and not s.part_of)
         return {op: counts[op] for op in self.kinds if counts[op]}
 
     def of_op(self, op_type: str) -> list[SiteOutcome]:
-        """The sites of the pattern writing ``op_type``, fused or not."""
-        return [s for s in self.sites if s.op_type == op_type]
+        """The sites of the pattern writing ``op_type``, fused or not (not those fused as part of another)."""
+        return [s for s in self.sites if s.op_type == op_type and not s.part_of]
 
     def count(self, kind: str) -> int:
         return sum(s.kind == kind for s in self.sites)
@@ -79,15 +91,6 @@ class FusionResult:
         """``5 depth aggregation site(s), 2 residual-score attention site(s)``: the unfused sites per kind."""
         counts = Counter(s.kind for s in self.unfused)
         return ", ".join(f"{counts[kind]} {kind} site(s)" for kind in self.kinds.values() if counts[kind])
-
-    @property
-    def warnings(self) -> dict[str, list[str]]:
-        """Each distinct warning of the sites, with the sites it applies to."""
-        found: dict[str, list[str]] = {}
-        for s in self.sites:
-            for warning in s.warnings:
-                found.setdefault(warning, []).append(s.site)
-        return found
 
     def to_dict(self) -> dict:
         by_op = {op: {"kind": kind, "found": len(sites := self.of_op(op)), "fused": sum(s.fused for s in sites),

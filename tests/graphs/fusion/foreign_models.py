@@ -340,6 +340,50 @@ class TwoPhaseRunningLongBlockLM(TwoPhaseRunningLM):
         super().__init__(n_sub=8, **kw)
 
 
+class PaperTwoPhaseLM(ForeignLM):
+    """(n) Block AttnRes over 8 sublayers in blocks of 4, in the two-phase inference of the AttnRes paper's Algorithm 1
+    with its online softmax written by hand: one ``attn_with_stats`` (queries ``[S, D]`` over values ``[N, B, T, D]``,
+    giving per query the unnormalized mix, the max and the sum of exponentials) serves the batched inter-block pass of
+    all queries of a block over the completed blocks, and per sublayer the one-key pass over the block's partial; the
+    two are merged online, ``(e^(m1-m) o1 + e^(m2-m) o2) / (e^(m1-m) l1 + e^(m2-m) l2)``, and a block's first sublayer
+    takes ``o1 / l1``. RMS-normalized keys without a gain."""
+
+    block = 4
+    aggregations = 9
+
+    def __init__(self, **kw) -> None:
+        super().__init__(n_sub=8, **kw)
+        self.query = self.queries(self.n_sub + 1)
+        self.eps = 1e-6
+
+    def attn_with_stats(self, queries: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        keys = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + self.eps)
+        logits = torch.einsum("sd,nbtd->snbt", queries, keys)
+        m = logits.amax(dim=1)
+        p = torch.exp(logits - m.unsqueeze(1))
+        return torch.einsum("snbt,nbtd->sbtd", p, values), m, p.sum(dim=1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        blocks = [self.embed(input_ids)]
+        for start in range(0, self.n_sub, self.block):
+            layers = range(start, min(start + self.block, self.n_sub))
+            o1, m1, l1 = self.attn_with_stats(self.query[layers[0]: layers[-1] + 1], torch.stack(blocks))
+            partial = None
+            for i, j in enumerate(layers):
+                if partial is None:
+                    h = o1[i] / l1[i].unsqueeze(-1)
+                else:
+                    o2, m2, l2 = self.attn_with_stats(self.query[j: j + 1], partial.unsqueeze(0))
+                    m = torch.maximum(m1[i], m2[0])
+                    a, b = torch.exp(m1[i] - m), torch.exp(m2[0] - m)
+                    h = (a.unsqueeze(-1) * o1[i] + b.unsqueeze(-1) * o2[0]) / (a * l1[i] + b * l2[0]).unsqueeze(-1)
+                out = self.sublayers[j](h)
+                partial = out if partial is None else partial + out
+            blocks.append(partial)
+        o, _, total = self.attn_with_stats(self.query[self.n_sub:], torch.stack(blocks))
+        return self.head(o[0] / total[0].unsqueeze(-1))
+
+
 class _PartialBlocks:
     """Block AttnRes that starts every block with ``partial = self.fill(x)`` and always aggregates
     ``[*blocks, partial]``: in a static-shape export the first partial of each block is a constant."""
@@ -369,6 +413,27 @@ class OnesPartialLM(ZerosPartialLM):
     aggregations = 3
     """The two sites with the constant source (the first sublayer of each block) stay unfused."""
     fill = staticmethod(torch.ones_like)
+
+
+class TinyEpsZerosPartialLM(ZerosPartialLM):
+    """(j) with an RMS eps of 1e-8, which torch.onnx.export's optimizer drops: its graph divides the zero partial by
+    0."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.eps = 1e-8
+
+
+class RMSNormSublayersLM(StackEinsumLM):
+    """(a) over 2 sublayers whose pre-norms are ``nn.RMSNorm`` with eps 1e-8, which torch.onnx.export's optimizer
+    drops (the aggregations keep their eps of 1e-6)."""
+
+    aggregations = 3
+
+    def __init__(self, **kw) -> None:
+        super().__init__(n_sub=2, **kw)
+        for layer in self.sublayers:
+            layer.norm = nn.RMSNorm(self.dim, eps=1e-8)
 
 
 class ZerosPartialScoredLM(_PartialBlocks, TorchRMSNormLM):
@@ -434,7 +499,7 @@ POSITIVE = {"stack-einsum": StackEinsumLM, "buffer-block": BufferBlockLM, "token
             "torch-rmsnorm": TorchRMSNormLM, "repeated-source": RepeatedSourceLM,
             "hand-softmax": HandSoftmaxLM, "two-phase-lse": TwoPhaseLseLM, "two-phase-sigmoid": TwoPhaseSigmoidLM,
             "two-phase-running": TwoPhaseRunningLM, "in-place-bank": InPlaceBankLM,
-            "two-phase-online": TwoPhaseOnlineLM}
+            "two-phase-online": TwoPhaseOnlineLM, "paper-two-phase": PaperTwoPhaseLM}
 STATIC = {"zeros-partial-stack": ZerosPartialLM, "zeros-partial-scored": ZerosPartialScoredLM}
 """Models whose zero partial sources fold to constants when exported with static shapes."""
 NEGATIVE = {"softmax-over-tokens": SoftmaxOverTokensLM, "input-query": InputQueryLM, "no-norm": NoNormLM}

@@ -188,6 +188,33 @@ class BmmRealFormerViT(nn.Module):
         return self.head(self.norm(x)[:, 0])
 
 
+class TokenMajorScoresViT(BmmRealFormerViT):
+    """(e) The vision transformer of (d) with ``q, k, v`` as ``[B, N, H, d]`` (``qkv.reshape(b, n, 3, H, d)``) and the
+    scores laid out ``[B, N, N, H]`` by ``einsum("bqhd,bkhd->bqkh")``, the softmax over dim 2, and
+    ``einsum("bqkh,bkhd->bqhd")``."""
+
+    def attention(self, x: torch.Tensor, i: int, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, c = x.shape
+        q, k, v = self.qkv[i](x).reshape(b, n, 3, HEADS, self.head_dim).unbind(2)
+        scores = torch.einsum("bqhd,bkhd->bqkh", q, k) * self.head_dim**-0.5
+        if prev is not None:
+            scores = scores + prev
+        out = torch.einsum("bqkh,bkhd->bqhd", scores.softmax(dim=2), v).reshape(b, n, c)
+        return self.proj[i](out), scores
+
+
+class TokenMajorScoresRealFormer(PaddingMask, Encoder):
+    """(f) Scores ``[B, T, T, H]`` as in (e), in a masked encoder: the padding bias laid out ``[B, 1, T, 1]``."""
+
+    def attend(self, q, k, v, prev, mask, layer):
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = torch.einsum("bqhd,bkhd->bqkh", q, k) / math.sqrt(self.head_dim)
+        if prev is not None:
+            scores = scores + prev
+        probs = (scores + mask.permute(0, 1, 3, 2)).softmax(dim=2)
+        return torch.einsum("bqkh,bkhd->bqhd", probs, v).transpose(1, 2), scores
+
+
 RESIDUAL_STYLES = {"bert-style": BertStyleRealFormer, "running-mean": RunningMeanRealFormer,
                    "einsum": EinsumRealFormer}
 NEAR_MISS = {"scores-after-softmax": ScoresAfterSoftmax, "multiplied-scores": MultipliedScores,

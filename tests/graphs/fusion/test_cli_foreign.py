@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 from attnres_export.cli import app
 from attnres_export.ops.opset import AGGREGATE
 from tests.conftest import slow_after
-from tests.graphs.fusion.foreign_models import POSITIVE, StackEinsumLM, TokenMajorLM
+from tests.graphs.fusion.foreign_models import (
+    POSITIVE,
+    RMSNormSublayersLM,
+    StackEinsumLM,
+    TinyEpsZerosPartialLM,
+    TokenMajorLM,
+)
 from tests.graphs.fusion.helpers import fused_count, matches_torch, plain_onnx, save_program
 
 runner = CliRunner()
@@ -60,6 +66,39 @@ def test_fuse_command_writes_the_fused_model_and_a_json_report(tmp_path):
     data = json.loads(report.read_text())
     assert data["by_op"][AGGREGATE] == {"kind": "depth aggregation", "found": 5, "fused": 5, "unfused": 0}
     assert data["fused_by_op"] == {AGGREGATE: 5} and data["parity"]["ok"] and data["warnings"] == {}
+
+
+def test_a_block_attnres_whose_rms_eps_of_1e_8_the_exporter_dropped_fuses_with_it_put_back_and_matches_torch(tmp_path):
+    """TinyEpsZerosPartialLM's plain export (opset 20, torch.onnx.export's default) lost its eps, so the all-zero
+    partial of each block's first sublayer is 0 / 0 and the whole graph NaN: attnres fuse exited 1. The eps goes back
+    into every norm without one, which the one warning line says, and the fused model matches PyTorch."""
+    model = TinyEpsZerosPartialLM().eval()
+    source, out, report = tmp_path / "tiny_eps.onnx", tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    onnx.save(plain_onnx(TinyEpsZerosPartialLM, opset=20), str(source))
+    result = invoke("fuse", source, "-o", out, "--report", report)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.count("RMS norm without eps") == 1 and "was put back" in text and "optimize=False" in text
+    data = json.loads(report.read_text())
+    assert data["fused_by_op"] == {AGGREGATE: model.aggregations} and data["parity"]["ok"]
+    assert all(s["eps"] == pytest.approx(1e-8) for s in data["sites"])
+    assert matches_torch(onnx.load(str(out)), model)
+
+
+def test_rms_norms_that_lost_their_eps_outside_any_aggregation_are_named_in_one_warning_line_with_the_fix(tmp_path):
+    """RMSNormSublayersLM's sublayer norms (eps 1e-8) lost their eps in the plain export while its aggregations kept
+    theirs: fused and exit 0 as before, but the graph is not the PyTorch model, which one line now says."""
+    source, out, report = tmp_path / "rms.onnx", tmp_path / "fused.onnx", tmp_path / "fuse.json"
+    onnx.save(plain_onnx(RMSNormSublayersLM, opset=18), str(source))
+    result = invoke("fuse", source, "-o", out, "--report", report)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "RMS norm without eps" in line]
+    text = " ".join(result.output.split())
+    assert len(lines) == 1 and "optimize=False" in text and ".pt2 program" in text and "was put back" not in text
+    data = json.loads(report.read_text())
+    assert data["fused_by_op"] == {AGGREGATE: RMSNormSublayersLM.aggregations}
+    assert [len(places) for places in data["warnings"].values()] == [2]
+    assert all(s["eps"] == pytest.approx(1e-6) for s in data["sites"])
 
 
 def test_pickled_module_without_trust_pickle_is_refused_in_one_line_and_writes_nothing(tmp_path):

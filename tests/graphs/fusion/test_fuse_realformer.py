@@ -42,6 +42,8 @@ from tests.graphs.fusion.foreign_realformer import (
     BmmRealFormerViT,
     PlainBert,
     RunningMeanRealFormer,
+    TokenMajorScoresRealFormer,
+    TokenMajorScoresViT,
 )
 from tests.graphs.fusion.helpers import dynamic_shapes, fuse, matches_torch, plain_onnx, save_program
 
@@ -266,19 +268,33 @@ def test_rejected_residual_score_sites_warn_and_fail_with_strict(tmp_path):
     assert not (tmp_path / "b.onnx").exists()
 
 
+def vit_onnx(model: torch.nn.Module) -> onnx.ModelProto:
+    """``torch.onnx.export(dynamo=True)`` of a vision transformer with a dynamic batch, as a user would call it."""
+    pixels = torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(model, (pixels,), dynamo=True, input_names=["pixels"], output_names=["logits"],
+                                 dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},),
+                                 opset_version=18).model_proto
+
+
+def vit_matches_torch(onnx_model: onnx.ModelProto, model: torch.nn.Module) -> bool:
+    """The class-token logits against PyTorch at a batch size the model was not traced at."""
+    other = torch.randn(3, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = model(other).numpy()
+    with OnnxRuntimeRunner(onnx_model) as runner:
+        got = runner.infer({"pixels": other.numpy()})["logits"]
+    return compare(np.asarray(got), expected, tolerance_for("float32")).ok
+
+
 @pytest.mark.slow
 def test_a_vision_transformer_with_heads_merged_into_the_batch_fuses_every_layer_and_matches_torch():
     """BmmRealFormerViT multiplies 3-D ``[B*H, N, d]`` heads with ``torch.bmm``: each layer becomes one node that
     reads them with a leading unit axis, chained through its scores, and the class-token logits match PyTorch at a
     batch size it was not traced at."""
     model = BmmRealFormerViT().eval()
-    pixels = torch.randn(2, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        original = torch.onnx.export(model, (pixels,), dynamo=True, input_names=["pixels"], output_names=["logits"],
-                                     dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},),
-                                     opset_version=18).model_proto
-    result, parity = fuse(original)
+    result, parity = fuse(vit_onnx(model))
     assert [s.reason for s in result.sites] == [""] * VIT_LAYERS and parity.ok
     nodes = attention_nodes(result.model)
     assert len(nodes) == result.fused_by_op[RESIDUAL_ATTENTION] == VIT_LAYERS
@@ -287,9 +303,29 @@ def test_a_vision_transformer_with_heads_merged_into_the_batch_fuses_every_layer
     for before, after in itertools.pairwise(nodes):
         squeezed = producer[producer[inputs_of(after)["prev_scores"]].input[0]]
         assert squeezed.op_type == "Squeeze" and squeezed.input[0] == before.output[1]
-    other = torch.randn(3, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        expected = model(other).numpy()
-    with OnnxRuntimeRunner(result.model) as runner:
-        got = runner.infer({"pixels": other.numpy()})["logits"]
-    assert compare(np.asarray(got), expected, tolerance_for("float32")).ok
+    assert vit_matches_torch(result.model, model)
+
+
+def test_a_vision_transformer_with_scores_laid_out_batch_query_key_heads_fuses_every_layer_and_matches_torch():
+    """TokenMajorScoresViT's einsums lay the scores out ``[B, N, N, H]`` with the softmax over dim 2 (no node before):
+    each layer is one node reading transposes of q, k, v and the previous scores, its outputs transposed back."""
+    model = TokenMajorScoresViT().eval()
+    result, parity = fuse(vit_onnx(model))
+    assert [s.reason for s in result.sites] == [""] * VIT_LAYERS and parity.ok
+    assert len(attention_nodes(result.model)) == result.fused_by_op[RESIDUAL_ATTENTION] == VIT_LAYERS
+    assert not {"Softmax", "Einsum"} & {n.op_type for n in result.model.graph.node}
+    assert vit_matches_torch(result.model, model)
+
+
+@pytest.mark.slow
+def test_a_masked_encoder_with_scores_laid_out_batch_query_key_heads_fuses_through_onnx_and_pt2(tmp_path):
+    """TokenMajorScoresRealFormer adds a padding bias laid out ``[B, 1, T, 1]``: transposed with the scores."""
+    model = TokenMajorScoresRealFormer().eval()
+    result, parity = fuse(plain_onnx(TokenMajorScoresRealFormer, opset=23))
+    assert result.fused_by_op == {RESIDUAL_ATTENTION: LAYERS} and parity.ok
+    assert all(inputs_of(n)["mask_bias"] for n in attention_nodes(result.model))
+    assert matches_torch(result.model, model)
+    program, out = save_program(model, tmp_path / "layout.pt2"), tmp_path / "layout.onnx"
+    exported = CliRunner().invoke(app, ["export", str(program), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert len(attention_nodes(onnx.load(str(out)))) == LAYERS and matches_torch(onnx.load(str(out)), model)

@@ -6,6 +6,7 @@ site computes AttnRes, and with which score weight and eps, is decided numerical
 
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 from dataclasses import dataclass, field
 
@@ -22,8 +23,11 @@ from attnres_export.ops.onnx_nodes import attribute
 PLUMBING = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Expand", "Identity", "Flatten"}
 SLICING = {"Split", "Slice", "Gather"}
 COMBINE = {"Mul", "MatMul", "Einsum"}
+CONTRACTIONS = {"MatMul", "Einsum", "ReduceSum"}
 OUTPUT_WINDOW = 64
 """How many nodes after the weighting nodes the weighted sum may take (per source)."""
+QUERY_STEPS = 64
+"""How many slicing and reshaping nodes after a batched weighted sum are looked through for each query's slice."""
 
 
 @dataclass
@@ -38,10 +42,22 @@ class SiteMatch:
     normalizer: str | None = None
     """The sum of exponentials ``output`` is still to be divided by, for a phase 1 kept unnormalized
     (handwritten.py); its merge with the partial divides (merge.py)."""
+    query: int | None = None
+    """Which query the site is, when its softmax scores several at once (weights ``[S, n, ...]``, a weighted sum of
+    the sources' shape with an axis of ``S`` more): ``output`` is the graph's slice for that query, while
+    ``normalizer`` and the logits hold every query's (query_axes)."""
 
 
-def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> SiteMatch:
-    """The sources and output of the aggregation around ``softmax``; raises Rejected with the reason."""
+def query_axes(shape: tuple[int, ...], query: int, rows: int) -> list[int]:
+    """The axes of an array of ``shape`` that can hold one value per query and row: longer than ``query``, and with
+    ``rows`` values left without them."""
+    size = math.prod(shape)
+    return [a for a, n in enumerate(shape) if n > query and size // n == rows]
+
+
+def match_sites(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.ndarray]) -> list[SiteMatch]:
+    """The sources and output of the aggregation around ``softmax``, one match per query when it scores several;
+    raises Rejected with the reason."""
     slots: dict[str, np.ndarray] = {}
     values = ChainMap(slots, values, GraphConstants(index))
     weights = values.get(softmax.output[0])
@@ -66,15 +82,17 @@ def match_site(index: GraphIndex, softmax: onnx.NodeProto, values: dict[str, np.
     shapes = {values[s].shape for s in sources}
     if len(shapes) != 1 or len({values[s].dtype for s in sources}) != 1:
         raise Rejected("the sources differ in shape or type")
-    output = _weighted_sum(index, [node for node, _ in combines], next(iter(shapes)), values)
-    weighted = output
-    output = _through_deferred_division(index, output, softmax.output[0])
     producer = index.producer.get(softmax.output[0])
-    normalizer = exp_sum(index, softmax.output[0]) \
-        if output == weighted and producer is not None and producer.op_type == "Exp" else None
-    if normalizer is None:
-        output = _through_cast_back(index, output, values[sources[0]].dtype, values)
-    return SiteMatch(softmax, list(sources), output, {s: slots[s] for s in sources if s in slots}, normalizer)
+    unnormalized = producer is not None and producer.op_type == "Exp"
+    constants = {s: slots[s] for s in sources if s in slots}
+    matches = []
+    for query, weighted in _weighted_sums(index, [node for node, _ in combines], next(iter(shapes)), values):
+        output = weighted if query is not None else _through_deferred_division(index, weighted, softmax.output[0])
+        normalizer = exp_sum(index, softmax.output[0]) if output == weighted and unnormalized else None
+        if normalizer is None:
+            output = _through_cast_back(index, output, values[sources[0]].dtype, values)
+        matches.append(SiteMatch(softmax, list(sources), output, constants, normalizer, query))
+    return matches
 
 
 def _in_one_shape(index: GraphIndex, sources: list[str], values: ChainMap) -> list[str]:
@@ -169,8 +187,12 @@ def _single_consumer(index: GraphIndex, name: str) -> onnx.NodeProto | None:
     return users[0] if len(users) == 1 else None
 
 
-def _weighted_sum(index: GraphIndex, combines: list[onnx.NodeProto], shape: tuple, values: dict) -> str:
-    """The first tensor after the products that depends on all of them and has the sources' shape."""
+def _weighted_sums(index: GraphIndex, combines: list[onnx.NodeProto], shape: tuple,
+                   values: dict) -> list[tuple[int | None, str]]:
+    """The first tensor after the products that depends on all of them and has the sources' shape, as
+    ``[(None, it)]``; or, when a contraction first gives that shape with one axis more (a softmax scoring ``S``
+    queries at once: each query is an aggregation of its own), ``(query, its slice)`` for every query the graph
+    takes a slice for."""
     bits = {id(node): 1 << i for i, node in enumerate(combines)}
     full = (1 << len(combines)) - 1
     reach: dict[str, int] = {}
@@ -183,9 +205,51 @@ def _weighted_sum(index: GraphIndex, combines: list[onnx.NodeProto], shape: tupl
             continue
         for name in node.output:
             reach[name] = mask
-            if mask == full and name in values and values[name].shape == shape:
-                return name
+            if mask != full or name not in values:
+                continue
+            if values[name].shape == shape:
+                return [(None, name)]
+            if node.op_type in CONTRACTIONS and (slices := _query_slices(index, name, shape, values)):
+                return slices
     raise Rejected("no weighted sum of the sources' shape follows the products")
+
+
+def _query_slices(index: GraphIndex, name: str, shape: tuple, values: dict) -> list[tuple[int, str]]:
+    """Per query, the tensor the graph takes as its slice of the batched weighted sum ``name`` (``shape`` with one
+    axis more, of the queries), found by value among the tensors sliced or reshaped from it; none when ``name`` is no
+    such sum."""
+    batched = np.asarray(values[name])
+    axes = [a for a in range(batched.ndim)
+            if batched.shape[a] > 1 and batched.shape[:a] + batched.shape[a + 1:] == shape]
+    if batched.ndim != len(shape) + 1 or not axes:
+        return []
+    derived = _sliced_from(index, name, shape, values)
+    for axis in axes:
+        found: list[tuple[int, str]] = []
+        for query in range(batched.shape[axis]):
+            want = np.take(batched, query, axis=axis)
+            taken = {t for _, t in found}
+            hit = next((t for t in derived if t not in taken and np.array_equal(values[t], want)), None)
+            if hit is not None:
+                found.append((query, hit))
+        if found:
+            return found
+    return []
+
+
+def _sliced_from(index: GraphIndex, name: str, shape: tuple, values: dict) -> list[str]:
+    """Tensors of ``shape`` computed from ``name`` by slicing and reshaping ops alone, in graph order."""
+    found, seen, pending = [], set(), [name]
+    while pending and len(seen) < QUERY_STEPS:
+        tensor = pending.pop()
+        for node in index.consumers.get(tensor, []):
+            if id(node) in seen or node.op_type not in PLUMBING | SLICING or node.input[0] != tensor:
+                continue
+            seen.add(id(node))
+            for out in node.output:
+                if out in values:
+                    (found if values[out].shape == shape else pending).append(out)
+    return sorted(found, key=lambda t: index.position[id(index.producer[t])])
 
 
 def _through_deferred_division(index: GraphIndex, name: str, weights: str) -> str:

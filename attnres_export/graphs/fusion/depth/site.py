@@ -11,7 +11,8 @@ from onnx import helper as oh
 
 from attnres_export.graphs.fusion.context import FusionContext
 from attnres_export.graphs.fusion.depth.constants import GraphConstants, fixed_sources
-from attnres_export.graphs.fusion.depth.match import SiteMatch
+from attnres_export.graphs.fusion.depth.match import SiteMatch, query_axes
+from attnres_export.graphs.fusion.depth.merge import normalized_site
 from attnres_export.graphs.fusion.depth.rewrite import AggregateReplacement
 from attnres_export.graphs.fusion.depth.verify import FusedEvaluator, verify
 from attnres_export.graphs.fusion.errors import Rejected
@@ -19,6 +20,7 @@ from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.numerics import Numerics
 from attnres_export.graphs.fusion.probe import (
     ConstantOf,
+    Evaluate,
     constant_candidates,
     eps_candidates,
     fit_single_source,
@@ -28,21 +30,18 @@ from attnres_export.graphs.fusion.probe import (
 from attnres_export.graphs.fusion.region import extract_region, region_model
 from attnres_export.graphs.fusion.result import Replacement
 
-NO_EPS = ("its RMS norm adds no eps, so it was fused with eps 0: torch.onnx.export's default optimizer drops an eps "
-          "of 1e-8 or less (x + 1e-9 folds to x); if the model's eps is not 0, re-export with "
-          "torch.onnx.export(..., optimize=False), or give attnres-export the .pt2 program, which keeps it")
-"""A verified site whose region adds no eps: the graph may have lost the model's (docs/fusion.md)."""
-
 
 def fuse_merged_or_plain(context: FusionContext, match: SiteMatch, merged: SiteMatch | None,
                          name: str) -> Replacement:
     """The two-phase merge of ``match`` with its partial as one node (merge.py); when that merge does not verify,
-    the phase-1 aggregation alone, with the reason the merge stays standard ops. Raises Rejected."""
+    the phase-1 aggregation alone, with the reason the merge stays standard ops. A phase 1 kept unnormalized is
+    fused merged, or up to its normalized result when it is not merged. Raises Rejected."""
     if match.normalizer is not None:
-        if merged is None:
+        target = merged or normalized_site(context.index, match, context.values)
+        if target is None:
             raise Rejected(f"phase 1 is kept unnormalized (its sum of exponentials {match.normalizer!r} apart) and "
-                           "no merge with a partial sum into a normalized result follows it")
-        return fuse_site(context, merged, name)
+                           "neither its normalized result nor a merge with a partial sum into one follows it")
+        return fuse_site(context, target, name)
     if merged is None:
         return fuse_site(context, match, name)
     try:
@@ -59,15 +58,13 @@ def fuse_site(context: FusionContext, match: SiteMatch, name: str) -> Replacemen
     """The verified AttnResAggregate of ``match``: the first eps candidate whose score weight verifies. Raises
     Rejected with the first reason met."""
     index, values, numerics, seed = context.index, context.values, context.numerics, context.seed
-    softmax = match.softmax
     fixed = fixed_sources(match.sources, GraphConstants(index), match.constants, context.constant_of)
     probed = [s for s in match.sources if s not in fixed]
     if not probed:
         raise Rejected("every source is a constant")
     example = values[probed[0]]
     evaluate = _evaluator(index, probed, match.output, values, numerics)
-    logits = _evaluator(index, match.sources, softmax.input[0], values, numerics) if len(match.sources) == 1 \
-        else None
+    logits = _logits(index, match, values, numerics) if len(match.sources) == 1 else None
     reasons = []
     region_nodes = extract_region(index, probed, match.output).nodes
     storage = context.types.get(probed[0], oh.np_dtype_to_tensor_dtype(example.dtype))
@@ -85,8 +82,7 @@ def fuse_site(context: FusionContext, match: SiteMatch, name: str) -> Replacemen
                 result = values[match.output].dtype
                 cast_to = None if result == example.dtype else oh.np_dtype_to_tensor_dtype(result)
                 plan = AggregateReplacement(name, match.sources, match.output, sw, eps, cast_to, match.constants)
-                return Replacement(plan, len(match.sources), eps, verdict.worst.rel_l2 if verdict.worst else None,
-                                   warnings=[NO_EPS] if eps == 0 else [])
+                return Replacement(plan, len(match.sources), eps, verdict.worst.rel_l2 if verdict.worst else None)
             if unprobed is None:
                 reasons.append(verdict.reason)
         if unprobed is not None:
@@ -94,8 +90,8 @@ def fuse_site(context: FusionContext, match: SiteMatch, name: str) -> Replacemen
     raise Rejected(reasons[0])
 
 
-def _score_weights(match: SiteMatch, evaluate, logits, example: np.ndarray, eps: float, seed: int,
-                   constant_of: ConstantOf, region_nodes: list[onnx.NodeProto],
+def _score_weights(match: SiteMatch, evaluate: Evaluate, logits: list[Evaluate] | None, example: np.ndarray,
+                   eps: float, seed: int, constant_of: ConstantOf, region_nodes: list[onnx.NodeProto],
                    fixed: set[str]) -> tuple[list[np.ndarray], str | None]:
     """Score weights to verify for one eps, and (when probing failed and the graph's constants stand in) why
     probing failed.
@@ -103,25 +99,48 @@ def _score_weights(match: SiteMatch, evaluate, logits, example: np.ndarray, eps:
     A stack of one tensor repeated gives that tensor whatever the weights, so the graph's own constant (or zero)
     is exact. Otherwise the probe, snapped to the region's constants it matches; when probing fails for several
     sources (a saturated softmax), or matches no constant with eps 0 (where the logit gap no longer depends on the
-    probe's size, so a large score weight comes back imprecise), the constants' products are tried directly.
-    Raises Rejected when there is nothing to try."""
+    probe's size, so a large score weight comes back imprecise), the constants' products are tried directly. One
+    source: a fit of each way the logits can hold the site's query. Raises Rejected when there is nothing to try."""
     dim = example.shape[-1]
     if len(set(match.sources)) == 1 and len(match.sources) > 1:
         return [*constant_candidates(constant_of, region_nodes, dim)[:1], np.zeros(dim)], None
+    if logits is not None:
+        fits, failures = [], []
+        for evaluate_logits in logits:
+            try:
+                fits.append(fit_single_source(evaluate_logits, match.sources[0], example.shape, example.dtype, eps,
+                                              seed))
+            except Rejected as exc:
+                failures.append(exc)
+        if not fits:
+            raise failures[0] if failures else Rejected("no axis of the logits holds one logit per token")
+        return [c for sw in fits for c in _snapped(sw, eps, constant_of, region_nodes)], None
     try:
-        sw = (fit_single_source(logits, match.sources[0], example.shape, example.dtype, eps, seed)
-              if logits is not None else
-              probe_score_weight(evaluate, [s for s in match.sources if s not in fixed], example.shape,
-                                 example.dtype, eps, zeros=sum(s in fixed for s in match.sources)))
+        sw = probe_score_weight(evaluate, [s for s in match.sources if s not in fixed], example.shape, example.dtype,
+                                eps, zeros=sum(s in fixed for s in match.sources))
     except Rejected as exc:
-        fallback = [] if logits is not None else constant_candidates(constant_of, region_nodes, dim)
-        if not fallback:
-            raise
-        return fallback, str(exc)
+        return constant_candidates(constant_of, region_nodes, dim), str(exc)
+    return _snapped(sw, eps, constant_of, region_nodes), None
+
+
+def _snapped(sw: np.ndarray, eps: float, constant_of: ConstantOf,
+             region_nodes: list[onnx.NodeProto]) -> list[np.ndarray]:
+    """The probed ``sw`` snapped to the region's constants; with eps 0 and no constant near, also the constants."""
     snapped = snap_to_constants(constant_of, region_nodes, sw)
     if snapped is not sw or eps > 0:
-        return [snapped], None
-    return [sw, *constant_candidates(constant_of, region_nodes, dim)], None
+        return [snapped]
+    return [sw, *constant_candidates(constant_of, region_nodes, sw.shape[0])]
+
+
+def _logits(index: GraphIndex, match: SiteMatch, values: dict[str, np.ndarray], numerics: Numerics) -> list[Evaluate]:
+    """The logits of a one-source site, one per token: for one query of a softmax scoring several, one evaluator per
+    axis that can hold that query's logits."""
+    logits = _evaluator(index, match.sources, match.softmax.input[0], values, numerics)
+    if match.query is None:
+        return [logits]
+    source = values[match.sources[0]]
+    axes = query_axes(values[match.softmax.input[0]].shape, match.query, source.size // source.shape[-1])
+    return [lambda feeds, axis=axis: np.take(logits(feeds), match.query, axis=axis) for axis in axes]
 
 
 def _evaluator(index: GraphIndex, sources: list[str], output: str, values: dict[str, np.ndarray],

@@ -1,8 +1,9 @@
 """Structure of attention softmaxes, and which of them carry residual scores (RealFormer).
 
 Every Softmax whose logits come, through element-wise ops, from a product of two activations (``Q K^T``: a MatMul
-with ``k^T``, or an Einsum ``bhqd,bhkd->bhqk``) and whose weights multiply another activation (``P V``: a MatMul, or
-an Einsum ``bhqk,bhkd->bhqd``) is read as an attention site: the path of tensors from the product
+with ``k^T``, or an Einsum ``bhqd,bhkd->bhqk`` in any layout, layout.py) and whose weights multiply another activation
+(``P V``: a MatMul, or an Einsum ``bhqk,bhkd->bhqd`` in the scores' layout) over the key axis is read as an attention
+site: the path of tensors from the product
 to the softmax input, the operands added or multiplied on the way, and the ``P V`` product. A site carries residual
 scores when an operand on its path is (up to element-wise ops with constants) a tensor on another site's path: the
 previous layer's scores. Whether the site then computes ResidualScoreAttention is decided in scores.py.
@@ -18,6 +19,7 @@ import onnx
 
 from attnres_export.graphs.fusion.errors import Rejected
 from attnres_export.graphs.fusion.graph import GraphIndex
+from attnres_export.graphs.fusion.residual.layout import Layout, einsum_layout, query_key_roles
 from attnres_export.graphs.fusion.resolve import strip_casts
 from attnres_export.ops.onnx_nodes import attribute
 
@@ -56,6 +58,8 @@ class AttentionSite:
     """Operands of the path nodes (product to softmax)."""
     after: list[Operand] = field(default_factory=list)
     """Operands of element-wise ops between the softmax and ``P V`` (RealFormer has none)."""
+    layout: Layout | None = None
+    """How the einsums lay out the axes, when not as ``[B, H, T, d]`` (layout.py)."""
 
     @property
     def key_transposed(self) -> bool:
@@ -84,7 +88,7 @@ def owner_of(sites: list[AttentionSite]) -> dict[str, AttentionSite]:
 
 
 def _read(index: GraphIndex, softmax: onnx.NodeProto, depends_on_input: DependsOnInput) -> AttentionSite | None:
-    if softmax.output[0] not in index.consumers or attribute(softmax, "axis", -1) not in (-1, 3):
+    if softmax.output[0] not in index.consumers:
         return None
     path = _path_to_product(index, softmax.input[0], depends_on_input)
     if path is None:
@@ -92,14 +96,24 @@ def _read(index: GraphIndex, softmax: onnx.NodeProto, depends_on_input: DependsO
     weighted = _weighting_product(index, softmax.output[0], depends_on_input)
     if weighted is None:
         return None
-    product = index.producer[path[0]]
+    product, axis = index.producer[path[0]], attribute(softmax, "axis", -1)
+    layout = None
+    if product.op_type == "MatMul":
+        standard = weighted[0].op_type == "MatMul" or _einsum_is(weighted[0], "wxyu,wxuz->wxyz")
+        if not standard or axis not in (-1, 3):
+            return None
+    else:
+        layout = einsum_layout(product, weighted[0])
+        if layout is None or axis % 4 != layout.key_axis:
+            return None
     before = _operands([index.producer[t] for t in path[1:]], set(path), depends_on_input)
-    return AttentionSite(softmax, product, path, weighted[0], before, weighted[1])
+    return AttentionSite(softmax, product, path, weighted[0], before, weighted[1],
+                         None if layout is None or layout.identity else layout)
 
 
 def _two_activations(node: onnx.NodeProto, depends_on_input: DependsOnInput) -> bool:
     """``Q K^T`` of two activations."""
-    shaped = node.op_type == "MatMul" or (node.op_type == "Einsum" and _einsum_is(node, "wxyz,wxuz->wxyu"))
+    shaped = node.op_type == "MatMul" or (node.op_type == "Einsum" and query_key_roles(node) is not None)
     return shaped and len(node.input) == 2 and all(depends_on_input(i) for i in node.input)
 
 
@@ -146,7 +160,7 @@ def _path_to_product(index: GraphIndex, logits: str, depends_on_input: DependsOn
 
 def _weighting_product(index: GraphIndex, weights: str, depends_on_input: DependsOnInput
                        ) -> tuple[onnx.NodeProto, list[Operand]] | None:
-    """The product (a MatMul, or an Einsum ``bhqk,bhkd->bhqd``) that takes ``weights`` as its left operand and an
+    """The product (a MatMul or an Einsum, read by ``_read``) that takes ``weights`` as its left operand and an
     activation ``v``, and the operands of the element-wise ops met on the way."""
     tensor, nodes = weights, []
     for _ in range(MAX_STEPS):
@@ -154,8 +168,8 @@ def _weighting_product(index: GraphIndex, weights: str, depends_on_input: Depend
         if len(users) != 1:
             return None
         node = users[0]
-        product = node.op_type == "MatMul" or (node.op_type == "Einsum" and _einsum_is(node, "wxyu,wxuz->wxyz"))
-        if product and len(node.input) == 2 and node.input[0] == tensor and depends_on_input(node.input[1]):
+        product = node.op_type in ("MatMul", "Einsum") and len(node.input) == 2
+        if product and node.input[0] == tensor and depends_on_input(node.input[1]):
             return node, _operands(nodes, {weights, *(n.output[0] for n in nodes)}, depends_on_input)
         if node.op_type not in ELEMENTWISE:
             return None

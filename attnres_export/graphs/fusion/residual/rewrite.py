@@ -19,6 +19,7 @@ from onnx import helper as oh
 
 from attnres_export.errors import GraphError
 from attnres_export.graphs.fusion.graph import GraphIndex, dead_code_elimination, subgraph_inputs
+from attnres_export.graphs.fusion.residual.layout import Layout
 from attnres_export.graphs.onnx_utils import copy_model, replace_nodes, set_domain_import, unique_namer
 from attnres_export.ops.descriptors import OPS
 from attnres_export.ops.onnx_nodes import Fresh, attribute
@@ -52,18 +53,22 @@ class ResidualReplacement:
     heads_merged: bool = False
     """3-D heads ``[B*H, T, d]`` (``torch.bmm``): the node sees them with a leading unit axis (B = 1, H = B*H)."""
     mask_rank: int = 4
+    layout: Layout | None = None
+    """The einsums' layout when it is not ``[B, H, T, d]``: the node sees its tensors transposed (layout.py)."""
 
     @property
     def key_swap(self) -> list[int]:
         return MERGED_KEY_SWAP if self.heads_merged else KEY_SWAP
 
 
-def four_d(r: ResidualReplacement, inputs: list[str], outputs: list[str], fresh: Fresh
-           ) -> tuple[list[str], list[str], list[onnx.NodeProto], list[onnx.NodeProto]]:
-    """The node's inputs and outputs for ``r``'s heads, and the nodes before and after it: as they are for 4-D heads;
-    for 3-D heads, each input with leading unit axes up to rank 4 (Unsqueeze) and each output without its leading
-    one (Squeeze), so ``[B*H, T, d]`` is read as B = 1, H = B*H (attention is the same per head either way)."""
-    if not r.heads_merged:
+def fused_io(r: ResidualReplacement, inputs: list[str], outputs: list[str], fresh: Fresh
+             ) -> tuple[list[str], list[str], list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """The node's inputs and outputs for ``r``'s tensors, and the nodes before and after it. 4-D heads in the node's
+    layout are read as they are. 3-D heads ``[B*H, T, d]`` get a leading unit axis (Unsqueeze) and the outputs lose it
+    (Squeeze), so they are read as B = 1, H = B*H (attention is the same per head either way). In another einsum
+    layout, each input is transposed to the node's (a mask first given leading unit axes up to rank 4) and each
+    output back."""
+    if not r.heads_merged and r.layout is None:
         return inputs, outputs, [], []
     before, after = [], []
 
@@ -73,18 +78,29 @@ def four_d(r: ResidualReplacement, inputs: list[str], outputs: list[str], fresh:
                                    value=oh.make_tensor(name, TensorProto.INT64, [count], list(range(count)))))
         return name
 
+    def then(nodes: list[onnx.NodeProto], op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(oh.make_node(op, inputs, [output], name=f"{r.name}/{output}", **attrs))
+        return output
+
+    ranks = (3, 3, 3, 3, r.mask_rank) if r.heads_merged else (4, 4, 4, 4, r.mask_rank)
+    perms = r.layout.inputs if r.layout is not None else (None,) * 5
     lifted = []
-    for name, rank in zip(inputs, (3, 3, 3, 3, r.mask_rank), strict=False):
-        if not name or rank >= 4:
-            lifted.append(name)
-            continue
-        lifted.append(fresh("heads"))
-        before.append(oh.make_node("Unsqueeze", [name, axes(4 - rank)], [lifted[-1]], name=f"{r.name}/{lifted[-1]}"))
-    unit = axes(1)
-    merged = [fresh("heads") for _ in outputs]
-    after = [oh.make_node("Squeeze", [four, unit], [three], name=f"{r.name}/{three}_squeeze")
-             for four, three in zip(merged, outputs, strict=True)]
-    return lifted, merged, before, after
+    for name, rank, perm in zip(inputs, ranks, perms, strict=False):
+        if name and rank < 4:
+            name = then(before, "Unsqueeze", [name, axes(4 - rank)], fresh("heads"))
+        if name and perm is not None:
+            name = then(before, "Transpose", [name], fresh("layout"), perm=list(perm))
+        lifted.append(name)
+    if r.heads_merged:
+        unit = axes(1)
+        produced = [fresh("heads") for _ in outputs]
+        for four, three in zip(produced, outputs, strict=True):
+            then(after, "Squeeze", [four, unit], three)
+        return lifted, produced, before, after
+    produced = [fresh("layout") for _ in outputs]
+    for node_output, graph_output, perm in zip(produced, outputs, (r.layout.out, r.layout.scores_back), strict=True):
+        then(after, "Transpose", [node_output], graph_output, perm=list(perm))
+    return lifted, produced, before, after
 
 
 def attention_node(name: str, inputs: list[str], outputs: list[str], scale: float, divisor: float) -> onnx.NodeProto:
@@ -145,7 +161,7 @@ def _fused_nodes(index: GraphIndex, r: ResidualReplacement, fresh: Fresh,
     prev, mask = float_version(r.prev), float_version(r.mask)
     key = _key(index, r, fresh, nodes)
     out = r.out if r.types[r.out] == r.types[r.q] else fresh("out")
-    inputs, outputs, before, after = four_d(r, [r.q, key, r.v, prev, mask], [out, as_float[r.scores]], fresh)
+    inputs, outputs, before, after = fused_io(r, [r.q, key, r.v, prev, mask], [out, as_float[r.scores]], fresh)
     fused = attention_node(r.name, inputs, outputs, r.scale, r.divisor)
     OPS[RESIDUAL_ATTENTION].compact(fused)
     nodes.extend([*before, fused, *after])

@@ -33,7 +33,7 @@ from attnres_export.graphs.fusion.residual.match import (
 )
 from attnres_export.graphs.fusion.residual.rewrite import ResidualReplacement
 from attnres_export.graphs.fusion.residual.verify import element_types, verify_attention
-from attnres_export.graphs.fusion.result import Replacement
+from attnres_export.graphs.fusion.result import Replacement, site_label
 
 
 @dataclass
@@ -52,6 +52,7 @@ class ResidualSite:
     attention: AttentionSite
     role: _Role
     name: str
+    label: str
 
 
 def residual_sites(context: FusionContext, softmaxes: Sequence[onnx.NodeProto]) -> list[ResidualSite]:
@@ -59,7 +60,8 @@ def residual_sites(context: FusionContext, softmaxes: Sequence[onnx.NodeProto]) 
     (including those whose way of doing it is not ResidualScoreAttention: they are rejected with the reason)."""
     sites = attention_sites(context.index, list(softmaxes), context.depends_on_input)
     roles = _roles(sites)
-    return [ResidualSite(site.softmax, site, roles[id(site)], f"attnres_fusion/residual_attention_{number}")
+    return [ResidualSite(site.softmax, site, roles[id(site)], f"attnres_fusion/residual_attention_{number}",
+                         site_label(site.softmax))
             for number, site in enumerate(s for s in sites if id(s) in roles)]
 
 
@@ -115,14 +117,14 @@ def _plan(index: GraphIndex, site: AttentionSite, role: _Role, values: dict[str,
     scale, divisor, mask = _read_path(index, site, prev_node, site.path.index(scores), constant_of)
     q, key, v = operands_of(site, index, values)
     prev = role.prev.name if role.prev else None
-    merged = _check_shapes(values, q, key, site.key_transposed, v, prev, mask, values[site.path[0]].shape)
+    merged = _check_shapes(values, site, (q, key, v), prev, mask, values[site.path[0]].shape)
     if not (math.isfinite(scale) and math.isfinite(divisor) and divisor != 0):
         raise Rejected(f"scale {scale} and divisor {divisor} are not finite and non-zero")
     out = _through_cast_back(index, site.weighted.output[0], values[q].dtype, values)
     names = [n for n in (q, key, v, prev, mask, out, scores) if n]
     return ResidualReplacement(name, q, key, site.key_transposed, v, prev, mask, out, scores, scale, divisor,
                                element_types(names, types, values), merged,
-                               values[mask].ndim if mask else 4)
+                               values[mask].ndim if mask else 4, site.layout)
 
 
 def _read_path(index: GraphIndex, site: AttentionSite, prev_node: onnx.NodeProto | None, at: int,
@@ -182,16 +184,18 @@ def _scalar_factor(node: onnx.NodeProto, operand: Operand | None, path_in: str, 
     return constant if node.op_type == "Mul" else 1.0 / constant
 
 
-def _check_shapes(values: dict[str, np.ndarray], q: str, key: str, transposed: bool, v: str, prev: str | None,
+def _check_shapes(values: dict[str, np.ndarray], site: AttentionSite, qkv: tuple[str, str, str], prev: str | None,
                   mask: str | None, scores: tuple[int, ...]) -> bool:
-    """Do q, k, v fit ``softmax(q @ k^T) @ v`` with 4-D heads ``[B, H, T, d]`` (False) or 3-D ``[B*H, T, d]``
-    (True, ``torch.bmm``)? Raises Rejected otherwise."""
-    shapes = [values[n].shape for n in (q, key, v)]
+    """Do q, k, v fit ``softmax(q @ k^T) @ v`` with 4-D heads ``[B, H, T, d]`` (False; in an einsum's layout, once
+    transposed there) or 3-D ``[B*H, T, d]`` (True, ``torch.bmm``)? Raises Rejected otherwise."""
+    shapes = [values[n].shape for n in qkv]
     ranks = {len(s) for s in shapes}
     if len(ranks) != 1 or ranks.isdisjoint({3, 4}):
         raise Rejected(f"q, k and v are not 4-D [B, H, T, d] or 3-D [B*H, T, d] (ranks {[len(s) for s in shapes]})")
+    if site.layout is not None:
+        shapes = [tuple(shape[axis] for axis in perm) for shape, perm in zip(shapes, site.layout.inputs, strict=False)]
     q_shape, k_shape, v_shape = shapes
-    if transposed:
+    if site.key_transposed:
         k_shape = (*k_shape[:-2], k_shape[-1], k_shape[-2])
     if q_shape[-1] != k_shape[-1] or k_shape[-2] != v_shape[-2]:
         raise Rejected(f"q {q_shape}, k {k_shape} and v {v_shape} do not fit softmax(q @ k^T) @ v")

@@ -20,7 +20,7 @@ from attnres_export.dtypes import BY_ONNX
 from attnres_export.graphs.fusion.graph import GraphIndex
 from attnres_export.graphs.fusion.numerics import Agreement, Numerics
 from attnres_export.graphs.fusion.region import extract_region, region_model
-from attnres_export.graphs.fusion.residual.rewrite import ResidualReplacement, attention_node, four_d
+from attnres_export.graphs.fusion.residual.rewrite import ResidualReplacement, attention_node, fused_io
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 Feeds = dict[str, np.ndarray]
@@ -68,7 +68,7 @@ class _Fused:
                 name = f"{name}/float"
             optional.append(name or "")
         counter = itertools.count()
-        fused_inputs, fused_outputs, before, after = four_d(r, [r.q, "k", r.v, *optional], ["out", "scores"],
+        fused_inputs, fused_outputs, before, after = fused_io(r, [r.q, "k", r.v, *optional], ["out", "scores"],
                                                             lambda prefix: f"{prefix}_{next(counter)}")
         nodes.extend([*before, attention_node("fused", fused_inputs, fused_outputs, r.scale, r.divisor), *after])
         outputs = [oh.make_tensor_value_info("out", r.types[r.q], None),
