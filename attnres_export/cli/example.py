@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import choice
 from attnres_export.errors import AttnresError
@@ -42,9 +43,11 @@ def example(
     """Write a randomly initialised checkpoint (random, non-zero pseudo-queries)."""
     family, hf_type = for_example(arch)
     if hf_type is not None:
+        check_outputs({}, {}, {"OUTPUT": output})
         _hf_example(family, hf_type, output, block_size, layers, seed,
                     {"--residual": residual, "--running-mean": running_mean or None, "--eps": eps})
         return
+    check_outputs({"OUTPUT": output}, {})
     config_type = family.config_type()
     accepted = {f.name for f in fields(config_type)}
     given = {"residual": residual, "block_size": block_size, "running_mean": running_mean or None, "eps": eps}
@@ -61,7 +64,7 @@ def example(
     model = make_example(cfg, seed)
     save_checkpoint(model, cfg, output)
     console.print(f"wrote [bold]{output}[/bold]: {cfg.arch}, {cfg.describe()}, "
-                  f"{layers} layers, D {d_model}, {sum(p.numel() for p in model.parameters()):,} parameters")
+                  f"{_count(layers, 'layer')}, D {d_model}, {sum(p.numel() for p in model.parameters()):,} parameters")
 
 
 def _hf_example(family, hf_type: str, output: Path, block_size: int | None, layers: int, seed: int,
@@ -74,6 +77,11 @@ def _hf_example(family, hf_type: str, output: Path, block_size: int | None, laye
     if block_size is not None and block_size < 1:
         raise AttnresError(f"--block-size {block_size}: Kimi K3's blocks hold at least one decoder layer")
     folder, _, params = family.write_example_folder(hf_type, output, seed, block_size, layers)
-    residual = f"K3 AttnRes, {block_size} layers a block" if block_size else "standard residuals"
+    residual = f"K3 AttnRes, {_count(block_size, 'layer')} a block" if block_size else "standard residuals"
     console.print(f"wrote [bold]{folder}[/bold]: {hf_type} folder (config.json + model.safetensors), {residual}, "
-                  f"{layers} layers, {params:,} parameters")
+                  f"{_count(layers, 'layer')}, {params:,} parameters")
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 layer``, ``4 layers``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -37,7 +37,7 @@ from attnres_export.cli.options import (
     require_files,
 )
 from attnres_export.dims import DimRange
-from attnres_export.exporter.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
+from attnres_export.exporter.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions, export_outputs
 
 
 @command(app, export_app, name="export")
@@ -61,8 +61,8 @@ def export(
         "--trust-pickle", help="Unpickle a whole nn.Module (runs code from the file; only for files you trust).")] =
     False,
     imports: Annotated[list[str] | None, typer.Option(
-        "--import", help="Module to import before unpickling, for the model's classes (repeatable; the current "
-                         "folder is searched too).")] = None,
+        "--import", metavar="MODULE", help="Module to import before unpickling, for the model's classes "
+                                           "(repeatable; the current folder is searched too).")] = None,
     vocab: Vocab = None,
     strict: Strict = False,
     with_past: Annotated[bool, typer.Option(
@@ -91,11 +91,12 @@ def export(
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
         trace_whole=trace_whole,
     )
-    if genai is not None:
+    if genai is None:
+        check_outputs({**export_outputs(opts.resolved_output()), "--report": report}, {"MODEL": model})
+    else:
         from attnres_export.exporter.genai_options import genai_options
 
-        opts = genai_options(opts, genai)
-    check_outputs({"-o": opts.resolved_output(), "--report": report}, {"MODEL": model})
+        opts = genai_options(opts, genai, {"--report": report})
 
     from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.export import export_any
@@ -116,6 +117,8 @@ def export(
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
                   f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
+    if target == "tensorrt":
+        _warn_pluginless(result.fused_by_type)
     if result.report is None:
         return
     reference = result.report.extra.get("reference", "the float32 PyTorch reference")
@@ -126,3 +129,15 @@ def export(
     if not result.report.ok:
         fail(f"parity check failed: an output missed its bar (see the table); the model was kept as {result.path} "
              f"for inspection, and {opts.resolved_output()} was not written")
+
+
+def _warn_pluginless(fused_by_type: dict[str, int]) -> None:
+    """One line when the file holds attnres nodes no TensorRT plugin runs yet (K3's KimiDeltaAttention): ONNX
+    Runtime runs them through the reference ops, ``attnres build`` refuses them."""
+    from attnres_export.ops.descriptors import OPS
+
+    pluginless = [f"{count} {op}" for op, count in fused_by_type.items() if not OPS[op].has_plugin]
+    if pluginless:
+        err_console.print(f"[yellow]warning:[/yellow] {', '.join(pluginless)} nodes have no TensorRT plugin yet, so "
+                          "no TensorRT engine can be built from this file (ONNX Runtime runs them through the "
+                          "reference ops); --target portable writes them as standard ONNX ops")

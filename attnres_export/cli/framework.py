@@ -14,8 +14,10 @@ import inspect
 import os
 import signal
 import sys
+import types
 from collections.abc import Callable
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Union, get_args, get_origin
 
 import typer
 from rich.console import Console
@@ -51,7 +53,61 @@ class OneLineGroup(_OneLineErrors, TyperGroup):
 
 
 class OneLineCommand(_OneLineErrors, TyperCommand):
-    pass
+    """A command whose help reads as docs/cli.md writes it: ``attnres fuse [OPTIONS] MODEL`` (not ``{model}``),
+    values named ``PATH``, ``N``, ``X`` or ``TEXT`` (not ``<list[Path]>``), number ranges in words (not
+    ``0<=x<=9223372036854775807``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        annotations = {name: p.annotation for name, p in inspect.signature(self.callback).parameters.items()}
+        for param in self.params:
+            if param.param_type_name == "argument":
+                param.metavar = param.name.upper()
+            elif param.metavar is None and not getattr(param, "is_flag", False):
+                param.metavar = VALUE_NAMES.get(_value_type(annotations.get(param.name)))
+            low, high = getattr(param, "min", None), getattr(param, "max", None)
+            if low is not None or high is not None:
+                param.min = param.max = None  # typer prints them as 0<=x<=...; the help says the range instead
+                text = (param.help or "").rstrip(".")
+                param.help = f"{text} ({readable_range(low, high)})." if text else f"{readable_range(low, high)}."
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        """``[OPTIONS] MODEL [EXTRA]...``: arguments by their names, optional ones in brackets."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar if param.required else f"[{param.metavar}]"
+                pieces.append(name if param.nargs == 1 else f"{name}...")
+        return pieces
+
+
+VALUE_NAMES = {Path: "PATH", int: "N", float: "X", str: "TEXT"}
+"""What an option's value is called in ``--help`` when the option names no metavar of its own."""
+
+
+def _value_type(annotation: object) -> object:
+    """The type of one value of an option annotated ``annotation`` (``Annotated[list[Path] | None, ...]`` -> Path)."""
+    while True:
+        if get_origin(annotation) is Annotated or get_origin(annotation) is list:
+            annotation = get_args(annotation)[0]
+        elif isinstance(annotation, types.UnionType) or get_origin(annotation) is Union:
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        else:
+            return annotation
+
+
+def readable_range(low: float | None, high: float | None) -> str:
+    """``0 to 2^63-1``, ``at least 1``, ``18 to 23``: a number range as a person writes it."""
+
+    def number(value: float) -> str:
+        power = int(value + 1).bit_length() - 1 if isinstance(value, int) and value > 0 else 0
+        return f"2^{power}-1" if power > 20 and value + 1 == 1 << power else f"{value}"
+
+    if high is None:
+        return f"at least {number(low)}"
+    if low is None:
+        return f"at most {number(high)}"
+    return f"{number(low)} to {number(high)}"
 
 
 _STYLE = {"pretty_exceptions_enable": False, "add_completion": False, "rich_markup_mode": None}

@@ -28,12 +28,12 @@ def fuse(
     from attnres_export.atomic import write_text_atomic
     from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
     from attnres_export.exporter.foreign import refuse_unfused
-    from attnres_export.exporter.options import publish
+    from attnres_export.exporter.options import export_outputs, publish
     from attnres_export.graphs.fusion import random_feeds
     from attnres_export.graphs.load import load_onnx
     from attnres_export.parity.fusion_checks import fuse_and_check
 
-    check_outputs({"-o": output, "--report": report}, {"MODEL": model})
+    check_outputs({**export_outputs(output), "--report": report}, {"MODEL": model})
     original = load_onnx(model)
     shapes = {name: dims for name, (dims, _) in parse_example_shapes(example_shape).items()}
     with console.status("finding and verifying aggregations"):

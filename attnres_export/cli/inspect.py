@@ -1,4 +1,4 @@
-"""``attnres inspect``: summarise a checkpoint or an ONNX file."""
+"""``attnres inspect``: summarise a checkpoint, a torch.export program (.pt2) or an ONNX file."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ import typer
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import require_files
 
+NO_TARGET = "none (no attnres nodes and no attnres-export metadata: not written by attnres-export)"
+
 
 @command(app)
-def inspect(file: Annotated[Path, typer.Argument(help="A checkpoint (.pt) or an ONNX file.")]) -> None:
-    """Summarise a checkpoint (config, parameters) or an ONNX (opsets, inputs, attnres nodes)."""
+def inspect(
+    file: Annotated[Path, typer.Argument(help="A checkpoint (.pt or folder), a torch.export program (.pt2) or an "
+                                              "ONNX file.")],
+    trust_pickle: Annotated[bool, typer.Option(
+        "--trust-pickle", help="A .pt2 whose archive would be unpickled: load it anyway (runs code from the file; "
+                               "only for files you trust).")] = False,
+) -> None:
+    """Summarise a checkpoint (config, parameters), a .pt2 program (inputs, outputs and dims as attnres-export
+    names them) or an ONNX (opsets, inputs, attnres nodes)."""
     require_files([("FILE", file)])
     if file.suffix == ".onnx":
         _inspect_onnx(file)
+    elif file.suffix == ".pt2":
+        _inspect_program(file, trust_pickle)
     else:
         _inspect_checkpoint(file)
 
@@ -33,18 +44,31 @@ def _inspect_checkpoint(file: Path) -> None:
     console.print(table_of(f"{file}: {cfg.arch} ({cfg.describe()})", ("key", "value"), rows))
 
 
+def _inspect_program(file: Path, trust_pickle: bool) -> None:
+    """A .pt2 read as the export reads it (exporter/pt2_archive.py: refused when a member would be unpickled)."""
+    from attnres_export.cli.framework import readable_range
+    from attnres_export.cli.render import table_of
+    from attnres_export.exporter.foreign import load_program
+    from attnres_export.exporter.program_names import summarize_program
+
+    summary = summarize_program(load_program(file, trust_pickle))
+    console.print(f"[bold]{file}[/bold]: torch.export program, {summary.nodes} ops ({summary.softmaxes} softmaxes, "
+                  f"where fusion looks for aggregations), {summary.parameters:,} parameters")
+    _print_values("inputs and outputs as exported", summary.inputs, summary.outputs)
+    if summary.dims:
+        console.print(table_of("dynamic dims", ("dim", "range"),
+                               [(name, readable_range(low, high)) for name, low, high in summary.dims]))
+
+
 def _inspect_onnx(file: Path) -> None:
     from attnres_export.cli.render import table_of
     from attnres_export.graphs.inspect import summarize
     from attnres_export.graphs.load import load_onnx
 
     summary = summarize(load_onnx(file, load_external_data=False))
-    console.print(f"[bold]{file}[/bold]: target {summary.target}, {summary.nodes} nodes, opsets "
+    console.print(f"[bold]{file}[/bold]: target {summary.target or NO_TARGET}, {summary.nodes} nodes, opsets "
                   + ", ".join(f"{d} {v}" for d, v in summary.opsets.items()))
-    rows = [(kind, name, type_name, " x ".join(dims))
-            for kind, values in (("input", summary.inputs), ("output", summary.outputs))
-            for name, type_name, dims in values]
-    console.print(table_of("inputs and outputs", ("kind", "name", "type", "dims"), rows))
+    _print_values("inputs and outputs", summary.inputs, summary.outputs)
     arities = [(op_type, str(arity), str(count)) for (op_type, arity), count in summary.fused_by_arity.items()]
     console.print(table_of("attnres nodes by source count (AttnResAggregate, AttnResAggregateNorm) or present inputs "
                            "(other ops)", ("op", "sources / inputs", "nodes"), arities or [("(none)", "-", "0")]))
@@ -52,3 +76,10 @@ def _inspect_onnx(file: Path) -> None:
         console.print("export: " + ", ".join(f"{k}={v}" for k, v in summary.export_info.items()))
 
 
+def _print_values(title: str, inputs: list[tuple[str, str, list[str]]],
+                  outputs: list[tuple[str, str, list[str]]]) -> None:
+    from attnres_export.cli.render import table_of
+
+    rows = [(kind, name, type_name, " x ".join(dims))
+            for kind, values in (("input", inputs), ("output", outputs)) for name, type_name, dims in values]
+    console.print(table_of(title, ("kind", "name", "type", "dims"), rows))

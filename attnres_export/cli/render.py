@@ -2,7 +2,8 @@
 
 Every table fits the console it is printed on: a table with many columns is an ``Adaptive`` renderable that, at
 render time, takes the first of its layouts whose natural width fits (all columns in one table; one table per
-artifact with the artifact in its title; one wrapped line per row), so no number is ever cut at 80 columns.
+artifact with the artifact in its title; one wrapped line per row), so no number is ever cut at 80 columns. The
+fusion table keeps each site on one line instead, cutting long node names in their middle (``FusionTable``).
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ from rich.table import Table
 from rich.text import Text
 
 from attnres_export.backends.bench import Workload
-from attnres_export.graphs.fusion import FusionResult
+from attnres_export.graphs.fusion import FusionResult, SiteOutcome
 from attnres_export.parity.metrics import ErrorMetrics
 from attnres_export.parity.polygraphy_io import Replay
 from attnres_export.parity.report import Check, Report
 
-OUTPUT_NAME_WIDTH = 10
+OUTPUT_NAME_WIDTH = 8
 """Where a narrow table folds an output name (``present.10.value``) onto a second line."""
 SCALED_TITLE = "Parity against the PyTorch model run in float64 (bars scale with float32 PyTorch's own error)"
 SAME_TYPE_TITLE = ("Parity against the PyTorch model run in float64 (bars scale with PyTorch's own error in float32 "
                    "and in the artifact's 16-bit type)")
-OWN_ERRORS = {"pytorch_float32_rel_l2": ("f32\nrel L2", "f32 PyTorch rel L2"),
-              "pytorch_same_type_rel_l2": ("16-bit\nrel L2", "16-bit PyTorch rel L2")}
-"""PyTorch's own errors against float64 that scale the bars: the column heading and the narrow-console label."""
+OWN_ERRORS = {"pytorch_float32_rel_l2": ("PyTorch\nf32 rel L2", "PyTorch float32 rel L2"),
+              "pytorch_same_type_rel_l2": ("PyTorch\n16-bit rel L2", "PyTorch 16-bit rel L2")}
+"""PyTorch's own errors against float64 that scale the bars: the column heading (its last line differs from the
+artifact's ``rel L2``) and the narrow-console label."""
+WITH_PAST_SHAPES = "shape: batch x new tokens x past tokens"
+"""The legend of a with-past check's three-number shapes (``1x8x0``: a prefill of 8 tokens)."""
 
 
 UNBOUNDED = 10_000
@@ -83,10 +87,13 @@ def _shape(check: Check) -> str:
 
 def report_table(report: Report, title: str = "Parity against the float32 PyTorch reference") -> Adaptive:
     """Every output of every check with its errors and the bar it was judged against (``<= bar`` for relative
-    L2, ``>= bar`` for cosine); max abs and max rel (reported, not judged) only where they fit."""
+    L2, ``>= bar`` for cosine); max abs (reported, not judged) only where it fits. Max rel stays in the JSON: near
+    zero it is large for a passing output and would read as a failure."""
     own = tuple(field for field in OWN_ERRORS
                 if any(getattr(m, field) is not None for c in report.checks for m in c.outputs.values()))
     title = SAME_TYPE_TITLE if "pytorch_same_type_rel_l2" in own else SCALED_TITLE if own else title
+    if report.extra.get("with_past"):
+        title += f"\n{WITH_PAST_SHAPES}"
     return Adaptive(lambda: _parity_wide(report, title, own), lambda: _parity_sections(report, title, own),
                     lambda: _parity_sections(report, title, own, fold=True),
                     lambda: _parity_lines(report, title, own))
@@ -109,12 +116,10 @@ def _parity_wide(report: Report, title: str, own: tuple[str, ...]) -> list[Rende
     for column in ("backend", "artifact", "shape", "output"):
         table.add_column(column)
     table.add_column("max abs", justify="right", no_wrap=True)
-    table.add_column("max rel", justify="right", no_wrap=True)
     _judged_columns(table, own)
     for check in report.checks:
         for name, m in check.outputs.items():
-            table.add_row(check.backend, check.artifact, _shape(check), name, _g(m.max_abs), _g(m.max_rel),
-                          *_judged(m, own))
+            table.add_row(check.backend, check.artifact, _shape(check), name, _g(m.max_abs), *_judged(m, own))
     return [Text(title, style="italic"), table]
 
 
@@ -156,7 +161,7 @@ def _parity_lines(report: Report, title: str, own: tuple[str, ...]) -> list[Rend
                           Text(f"    rel L2 {_g(m.rel_l2)} <= {_g(m.rel_l2_bar)}"),
                           Text(f"    cosine {_cosine(m.cosine)} >= {_bar(m.cosine_bar)}"),
                           *(Text(f"    {OWN_ERRORS[field][1]} {_g(getattr(m, field))}") for field in own),
-                          Text(f"    max abs {_g(m.max_abs)}, max rel {_g(m.max_rel)}")]
+                          Text(f"    max abs {_g(m.max_abs)}")]
     return lines
 
 
@@ -171,20 +176,101 @@ def replay_lines(replays: Sequence[Replay]) -> list[str]:
     return lines
 
 
-def fusion_table(fusion: FusionResult) -> Table:
-    summary = fusion.to_dict()
-    found = [f"{op}: {counts['found']} found, {counts['fused']} fused, {counts['unfused']} left unfused"
-             for op, counts in summary["by_op"].items() if counts["found"]]
-    table = _table(f"Fusion sites: {'; '.join(found) or 'none found'}; {summary['attention']} attention and "
-                   f"{summary['other']} other softmaxes left alone")
-    for column in ("softmax", "kind", "sources", "result", "eps", "rel L2", "reason"):
-        table.add_column(column, no_wrap=column in ("sources", "eps", "rel L2"), overflow="fold")
-    for s in fusion.sites:
-        result = "[green]fused[/green]" if s.fused else "[yellow]unfused[/yellow]" if s.op_type else "left alone"
-        table.add_row(s.site, s.kind, "" if s.sources is None else str(s.sources), result,
-                      "" if s.eps is None else f"{s.eps:.3g}", "" if s.rel_l2 is None else f"{s.rel_l2:.2g}",
-                      s.reason)
-    return table
+SITE_NAME_MIN = 16
+"""The narrowest a softmax name is cut to (in its middle, with an ellipsis) to keep its row on one line."""
+
+
+class FusionTable:
+    """The fusion sites, one table per kind of site, every row on one line: a softmax name too long for the
+    console is cut in its middle (the JSON report keeps it whole) and the reasons, often long and repeated, are
+    numbered notes under the tables, each written once."""
+
+    def __init__(self, fusion: FusionResult) -> None:
+        self.fusion = fusion
+        patterns = list(fusion.kinds.values())
+        by_kind: dict[str, list[SiteOutcome]] = {}
+        for site in fusion.sites:
+            by_kind.setdefault(site.kind, []).append(site)
+        # the sites of each pattern, in the order the patterns ran, then those left alone
+        self.sections = sorted(by_kind.items(), key=lambda item: patterns.index(item[0]) if item[0] in patterns
+                               else len(patterns))
+        reasons = (s.reason for _, sites in self.sections for s in sites if s.reason)
+        self.notes = {reason: number for number, reason in enumerate(dict.fromkeys(reasons), 1)}
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        summary = self.fusion.to_dict()
+        found = [f"{op}: {counts['found']} found, {counts['fused']} fused, {counts['unfused']} left unfused"
+                 for op, counts in summary["by_op"].items() if counts["found"]]
+        yield Text(f"Fusion sites: {'; '.join(found) or 'none found'}; {summary['attention']} attention and "
+                   f"{summary['other']} other softmaxes left alone", style="italic")
+        unbounded = options.update_width(UNBOUNDED)
+        for kind, sites in self.sections:
+            table = self._section(kind, sites)
+            excess = Measurement.get(console, unbounded, table).maximum - options.max_width
+            if excess > 0:
+                table = self._section(kind, sites, max(max(len(s.site) for s in sites) - excess, SITE_NAME_MIN))
+            if Measurement.get(console, unbounded, table).maximum <= options.max_width:
+                yield table
+            else:
+                yield from self._lines(kind, sites)
+        if self.notes:
+            notes = Table.grid(padding=(0, 1))
+            notes.add_column(no_wrap=True)
+            notes.add_column()
+            for reason, number in self.notes.items():
+                notes.add_row(Text(f"[{number}]"), Text(reason))
+            yield notes
+
+    def _section(self, kind: str, sites: list[SiteOutcome], name_width: int | None = None) -> Table:
+        """The sites of one kind; a column none of them fills is left out."""
+        ops = ", ".join(dict.fromkeys(s.op_type for s in sites if s.op_type))
+        table = _table(f"{kind} ({ops})" if ops else kind)
+        cells: dict[str, list[str | Text]] = {
+            "softmax": [Text(_middle(s.site, name_width)) for s in sites],
+            "sources": ["" if s.sources is None else str(s.sources) for s in sites],
+            "result": [Text(_result(s), style=RESULT_STYLES.get(_result(s), "")) for s in sites],
+            "eps": ["" if s.eps is None else f"{s.eps:.3g}" for s in sites],
+            "rel L2": ["" if s.rel_l2 is None else f"{s.rel_l2:.2g}" for s in sites],
+            "note": [Text(f"[{self.notes[s.reason]}]") if s.reason else "" for s in sites],
+        }
+        shown = {column: values for column, values in cells.items() if any(values)}
+        for column in shown:
+            table.add_column(column, no_wrap=True, justify="right" if column in ("sources", "eps", "rel L2")
+                             else "left")
+        for row in zip(*shown.values(), strict=True):
+            table.add_row(*row)
+        return table
+
+    def _lines(self, kind: str, sites: list[SiteOutcome]) -> list[Text]:
+        """The sites of one kind as one wrapped line each, for consoles too narrow for their table."""
+        lines = [Text(kind, style="bold")]
+        for s in sites:
+            facts = [_result(s), f"sources {s.sources}" if s.sources is not None else "",
+                     f"eps {s.eps:.3g}" if s.eps is not None else "",
+                     f"rel L2 {s.rel_l2:.2g}" if s.rel_l2 is not None else ""]
+            note = f" [{self.notes[s.reason]}]" if s.reason else ""
+            lines.append(Text(f"  {s.site}: {', '.join(filter(None, facts))}{note}"))
+        return lines
+
+
+RESULT_STYLES = {"fused": "green", "unfused": "yellow"}
+
+
+def _result(site: SiteOutcome) -> str:
+    return ("fused" if site.fused else "unfused") if site.op_type else "left alone"
+
+
+def _middle(text: str, width: int | None) -> str:
+    """``text`` cut to ``width`` characters in its middle, keeping its start and its end (the layer and the node)."""
+    if width is None or len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (width - 1 - head):]}"
+
+
+def fusion_table(fusion: FusionResult) -> FusionTable:
+    """What ``attnres fuse`` and the export of a model written elsewhere print about the sites they found."""
+    return FusionTable(fusion)
 
 
 def fusion_warnings(fusion: FusionResult) -> list[str]:

@@ -26,6 +26,7 @@ from attnres_export import __version__
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.options import ExportOptions, ExportResult, publish
+from attnres_export.exporter.program_names import name_from_signature
 from attnres_export.exporter.pt2_archive import unsafe_members
 from attnres_export.exporter.to_onnx import quiet_torch_onnx_export
 from attnres_export.graphs.fusion import FusionResult, random_feeds
@@ -309,10 +310,13 @@ def _pickled_module_source(module: nn.Module, foreign: ForeignOptions, opts: Exp
 
 def _onnx_with_feeds(model, args: tuple, kwargs: dict, dynamic: dict | None,
                      opset: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray] | None]:
-    """torch.onnx.export (dynamo) of a module or program, and the example inputs keyed by ONNX input name
-    (None without example inputs)."""
+    """torch.onnx.export (dynamo) of a module or program, its outputs and dynamic dims named from the program's
+    signature (exporter/program_names.py), and the example inputs keyed by ONNX input name (None without example
+    inputs)."""
     program = quiet_torch_onnx_export(model, args, kwargs=kwargs or None, dynamic_shapes=dynamic,
                                       opset_version=opset)
+    if program.exported_program is not None:
+        name_from_signature(program.model, program.exported_program)
     model_proto = program.model_proto
     tensors = [*args, *kwargs.values()]
     inputs = _graph_inputs(model_proto)

@@ -18,7 +18,9 @@ class OnnxSummary:
     opsets: dict[str, int]
     inputs: list[tuple[str, str, list[str]]]
     outputs: list[tuple[str, str, list[str]]]
-    target: str
+    target: str | None
+    """The target the file is written for; None for a file with neither attnres nodes nor attnres-export's
+    metadata (any ONNX model, e.g. a plain torch.onnx export, which is no target's)."""
     nodes: int
     fused_by_arity: dict[tuple[str, int], int]
     export_info: dict = field(default_factory=dict)
@@ -35,12 +37,13 @@ def _type_name(value: onnx.ValueInfoProto) -> str:
 
 def summarize(model: onnx.ModelProto) -> OnnxSummary:
     fused = Counter((n.op_type, OPS[n.op_type].arity(n)) for n in model.graph.node if is_attnres(n))
+    info, target = export_info(model), detect_target(model)
     return OnnxSummary(
         opsets={e.domain or "ai.onnx": e.version for e in model.opset_import},
         inputs=[(v.name, _type_name(v), _dims(v)) for v in model.graph.input],
         outputs=[(v.name, _type_name(v), _dims(v)) for v in model.graph.output],
-        target=detect_target(model),
+        target=target if info or target != "portable" else None,
         nodes=len(model.graph.node),
         fused_by_arity=dict(sorted(fused.items())),
-        export_info=export_info(model),
+        export_info=info,
     )

@@ -18,6 +18,7 @@ import base64
 import importlib.util
 import io
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,15 +115,23 @@ def _save_replay(folder: Path, artifact: Artifact, references: References, check
     for shape, check in zip(references.shapes, checks, strict=True):
         label = "x".join(map(str, shape))
         inputs, outputs = save_polygraphy(folder / label, [references.feeds[shape]], [reference[shape]], name)
-        commands.append(shlex.join(["polygraphy", "run", str(artifact.path.resolve()), *runtime,
+        commands.append(shlex.join(["polygraphy", "run", _beside(artifact.path, folder), *runtime,
                                     *(_profile(references.feeds[shape]) if builds_engine else []),
-                                    "--load-inputs", str(inputs.resolve()), "--load-outputs", str(outputs.resolve()),
+                                    "--load-inputs", _beside(inputs, folder),
+                                    "--load-outputs", _beside(outputs, folder),
                                     "--validate", "--compare-func", "l2", "cosine_similarity",
                                     *_bars(check, reference[shape])]))
     script = folder / REPLAY_SCRIPT
     write_text_atomic(script, "#!/bin/sh\n# Replays `attnres check` on " + artifact.name + ", one run per shape, at "
-                      "the bars of the check.\nset -e\n" + "\n".join(commands) + "\n")
+                      "the bars of the check; its paths are relative to this script's folder.\nset -e\n"
+                      'cd "$(dirname "$0")"\n' + "\n".join(commands) + "\n")
     return Replay(artifact.name, where, script, commands, runs_here)
+
+
+def _beside(path: Path, folder: Path) -> str:
+    """``path`` relative to ``folder``, where the replay script runs: the folder, with the artifact beside it, can
+    move (a plugin library stays where it was built, named by its absolute path)."""
+    return os.path.relpath(path.resolve(), folder.resolve())
 
 
 def replay_runtime(artifact: Artifact) -> tuple[list[str] | None, str, bool]:

@@ -105,18 +105,20 @@ def test_each_replay_command_carries_the_bar_the_check_judged_that_shape_against
     result = check_with_replays([artifacts.portable], artifacts.checkpoint, tmp_path / "pg", "--report", report)
     assert result.exit_code == 0, result.output
     checks = {tuple(c["shape"]): c["outputs"]["logits"] for c in json.loads(report.read_text())["checks"]}
-    commands = replay_commands(tmp_path / "pg" / "tiny.portable.onnx" / "replay.sh")
+    script = tmp_path / "pg" / "tiny.portable.onnx" / "replay.sh"
+    commands = replay_commands(script)
     assert len(commands) == len(checks) == 2
     for command in commands:
         shape = tuple(int(d) for d in Path(option_values(command, "--load-inputs")[0]).parent.name.split("x"))
-        reference = RunResults.load(option_values(command, "--load-outputs")[0])["pytorch-float64"][0]["logits"]
+        outputs = script.parent / option_values(command, "--load-outputs")[0]
+        reference = RunResults.load(str(outputs))["pytorch-float64"][0]["logits"]
         bar = checks[shape]
         l2 = float(option_values(command, "--l2-threshold")[0].removeprefix("logits:"))
         cosine = float(option_values(command, "--cosine-similarity-threshold")[0].removeprefix("logits:"))
         assert math.isclose(l2, bar["rel_l2_bar"] * np.linalg.norm(reference.astype(np.float64)), rel_tol=1e-12)
         assert cosine == bar["cosine_bar"]
         assert option_values(command, "--compare-func") == ["l2", "cosine_similarity"]
-        assert "--plugins" not in command and command[2] == str(artifacts.portable.resolve())
+        assert "--plugins" not in command and (script.parent / command[2]).resolve() == artifacts.portable.resolve()
 
 
 def polygraphy_env() -> dict[str, str]:
