@@ -1,4 +1,4 @@
-"""The README's and docs/serving.md's usage lines of the serving commands name exactly their options."""
+"""The usage lines of the serving commands in docs/cli.md and docs/serving.md name exactly their options."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def command_options(name: str) -> set[str]:
     return {o for p in command.params for o in p.opts if o.startswith("-") and o not in ("--debug", "--output")}
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/serving.md"])
+@pytest.mark.parametrize("document", ["docs/cli.md", "docs/serving.md"])
 @pytest.mark.parametrize("name", ["serve", "triton-repo"])
 def test_usage_lines_match_the_commands(document, name):
     assert usage_options((ROOT / document).read_text(), name) == command_options(name)
