@@ -3,6 +3,7 @@ matrix between the fast loop and the slow tier, and the guard that keeps the fas
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 from attnres_export.models import save_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
+
+# The command line renders tables 160 columns wide writing to no terminal with COLUMNS unset (cli/framework.py);
+# pytest-xdist's workers start with COLUMNS=80, which cut long paths out of table cells. Every launcher renders alike.
+os.environ["COLUMNS"] = "160"
 
 SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
 
