@@ -1,7 +1,7 @@
 """MoE feed-forward on ONNX Runtime CPU: tokens/s of decode steps and of prefills, the shipped graph (selected
 experts only: ``expert_path="gather+grouped"``) against the all-experts graph (``"dense"``), in one interleaved run.
 
-One ``MoEFeedForward`` (attnres_export/models/decoder/moe.py) at random init, exported once per expert path with
+One ``MoEFeedForward`` (attnres_export/models/layers/moe.py) at random init, exported once per expert path with
 ``torch.onnx.export(dynamo=True)`` under dynamic batch and sequence (the project's optimizer passes after it);
 each graph is checked against PyTorch float32 before it is timed. Default sizes keep Qwen3-30B-A3B's routing
 (128 experts, top-8: E/k = 16) at a quarter of its widths (hidden 512, expert width 192). Run from the repository
@@ -27,7 +27,7 @@ import onnxruntime
 import torch
 
 from attnres_export.exporter.optimize import optimize_exported
-from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward
+from attnres_export.models.layers.moe import ROUTERS, MoEConfig, MoEFeedForward
 
 SHIPPED = "gather+grouped"
 PATHS = (SHIPPED, "gather", "grouped", "dense")
@@ -68,10 +68,11 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=0.3, help="timing window of each graph per round")
     args = parser.parse_args()
     grouped = {"n_group": 8, "topk_group": 4, "n_shared_experts": 1, "routed_scaling_factor": 2.5}
-    config = MoEConfig(args.hidden, args.inner, args.experts, args.top_k, args.router, norm_topk_prob=True,
+    config = MoEConfig(args.experts, args.top_k, args.inner, norm_topk_prob=True, scoring_func=args.router,
+                       topk_method=ROUTERS[args.router],
                        **(grouped if args.router == "sigmoid" else {}))
     torch.manual_seed(0)
-    reference = MoEFeedForward(config).eval()
+    reference = MoEFeedForward(config, args.hidden).eval()
     if args.router == "sigmoid":
         reference.gate.e_score_correction_bias.normal_(std=0.02)
     workloads = [(f"decode step, batch {b}", b, 1) for b in map(int, args.decode_batches.split(","))]
@@ -84,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="attnres-moe-") as tmp:
         sessions, export_s = {}, {}
         for path in PATHS:
-            module = MoEFeedForward(config, path).eval()
+            module = MoEFeedForward(config, args.hidden, path).eval()
             module.load_state_dict(reference.state_dict())
             onnx_path = Path(tmp) / f"moe.{path.replace('+', '-')}.onnx"
             export_s[path] = export(module, args.hidden, onnx_path)

@@ -33,9 +33,10 @@ from attnres_export.models.base import (
     step_output_names,
 )
 from attnres_export.models.config import FamilyConfig
+from attnres_export.models.layers.norm import RMSNorm
 from attnres_export.models.limits import EPS, HEADS, LAYERS, MAX_LAYERS, WIDTH, Range
 from attnres_export.ops.aggregate import attnres_aggregate
-from attnres_export.ops.aggregate_norm import attnres_aggregate_norm, rms_norm_reference
+from attnres_export.ops.aggregate_norm import attnres_aggregate_norm
 from attnres_export.ops.precision import at_least_float32
 
 ROPE_THETA = 10000.0
@@ -84,18 +85,6 @@ class AttnResLMConfig(FamilyConfig):
 
     def describe(self) -> str:
         return f"residual {self.residual}, block size {self.block_size}"
-
-
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` computed in float32, returned in the input dtype."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class DepthAggregation(KeepFloat32):

@@ -46,8 +46,9 @@ class Architecture:
     hf_architecture: str = ""
     """The ``architectures`` entry written into a folder of ours."""
     hf_reader: str = ""
-    """``module:function`` turning a Hugging Face folder's ``(config.json dict, tensors, where)`` into ``(our
-    config dict, state_dict)`` for the checkpoint loader; needed when ``hf_model_types`` is not empty."""
+    """``module:function`` turning a Hugging Face folder's ``(config.json dict, tensors, where)`` into ``(family
+    config, state_dict)`` for the weight store: the tensors are ``models.store.StoredTensor`` (renamed, stacked,
+    narrowed without reading); needed when ``hf_model_types`` is not empty."""
     hf_config: str = ""
     """``module:callable`` turning a Hugging Face ``(config.json dict, where)`` into the family config, without
     weights (cache sizes of a published config: ``models/cache_size.py``); needed with ``hf_reader``."""
@@ -61,7 +62,7 @@ class Architecture:
     def model_type(self) -> type:
         return _resolve(self.model)
 
-    def read_hf(self, config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
+    def read_hf(self, config: dict, tensors: dict, where: str) -> tuple[Any, dict]:
         return _resolve(self.hf_reader)(config, tensors, where)
 
     def read_hf_config(self, config: dict, where: str) -> Any:
@@ -90,8 +91,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         ),
         Architecture(
             name="realformer", summary="BERT-style encoder with residual attention scores",
-            model="attnres_export.models.realformer:RealFormer",
-            config="attnres_export.models.realformer:RealFormerConfig",
+            model="attnres_export.models.realformer.model:RealFormer",
+            config="attnres_export.models.realformer.model:RealFormerConfig",
             capabilities=Capabilities(ops=("ResidualScoreAttention",)),
             hf_architecture="RealFormer",
         ),

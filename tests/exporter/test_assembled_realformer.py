@@ -1,4 +1,4 @@
-"""``realformer`` assembled from its export plan (``models/realformer_plan.py``: the carried scores flow from layer
+"""``realformer`` assembled from its export plan (``models/realformer/plan.py``: the carried scores flow from layer
 piece to layer piece) is the same model as its whole-model trace (tests/exporter/assembled_compare.py); with
 ``running_mean`` (a different constant per layer) it has no plan and is traced whole."""
 

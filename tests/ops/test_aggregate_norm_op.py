@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnres_export.models.attnres_lm import RMSNorm
+from attnres_export.models.layers.norm import RMSNorm
 from attnres_export.ops import attnres_aggregate, attnres_aggregate_numpy_in
 from attnres_export.ops.aggregate_norm import attnres_aggregate_norm, attnres_aggregate_norm_reference
 from attnres_export.ops.numpy_ref import rms_norm_numpy_in

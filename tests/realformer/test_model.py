@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnres_export.models.example import make_example
-from attnres_export.models.realformer import MASK_BIAS, RealFormer, padding_bias
+from attnres_export.models.realformer.model import MASK_BIAS, RealFormer, padding_bias
 from tests.realformer.conftest import realformer_config
 from tests.realformer.numpy_realformer import realformer_numpy
 

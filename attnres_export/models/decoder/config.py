@@ -9,10 +9,11 @@ feed-forward is ``moe_layers``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
-from attnres_export.errors import CheckpointError
+from attnres_export.models.config import Config
+from attnres_export.models.layers.moe import MoEConfig
 from attnres_export.models.limits import (
     EPS,
     EXPERT_COUNT,
@@ -29,7 +30,6 @@ from attnres_export.models.limits import (
     VOCAB,
     WIDTH,
     Range,
-    few,
     is_whole,
     shown,
 )
@@ -76,14 +76,8 @@ def out_of_range(config: Any) -> Iterator[str]:
             yield f"{item.name}: {accepted.expected(value)}"
 
 
-def _refuse_out_of_range(config: Any) -> None:
-    problems = list(out_of_range(config))
-    if problems:
-        raise CheckpointError(f"invalid decoder config: {'; '.join(problems)}")
-
-
 @dataclass(frozen=True)
-class RopeConfig:
+class RopeConfig(Config):
     """Rotary embedding settings, with transformers' meaning of each field (``rope_parameters``)."""
 
     rope_type: str = "default"
@@ -102,12 +96,15 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     truncate: bool = True
 
-    def __post_init__(self) -> None:
-        _refuse_out_of_range(self)
+    KIND: ClassVar[str] = "decoder"
+    DEFAULTED_OPTIONAL: ClassVar[bool] = True
+
+    def problems(self) -> Iterator[str]:
+        return out_of_range(self)
 
 
 @dataclass(frozen=True)
-class LatentAttentionConfig:
+class LatentAttentionConfig(Config):
     """DeepSeek-V3 multi-head latent attention sizes."""
 
     q_lora_rank: int | None
@@ -119,8 +116,11 @@ class LatentAttentionConfig:
     rope_interleave: bool = True
     """Rotary dims laid out in interleaved pairs (DeepSeek's checkpoints) rather than two halves."""
 
-    def __post_init__(self) -> None:
-        _refuse_out_of_range(self)
+    KIND: ClassVar[str] = "decoder"
+    DEFAULTED_OPTIONAL: ClassVar[bool] = True
+
+    def problems(self) -> Iterator[str]:
+        return out_of_range(self)
 
     @property
     def qk_head_dim(self) -> int:
@@ -128,29 +128,7 @@ class LatentAttentionConfig:
 
 
 @dataclass(frozen=True)
-class MoEKeys:
-    """The mixture-of-experts settings of a config.json in transformers' names; the MoE feed-forwards
-    (``decoder/moe.py``) are built from these. Routing follows the family: ``qwen3_moe`` is softmax top-k
-    (``scoring_func="softmax"``, ``topk_method="greedy"``), ``deepseek_v3`` sigmoid scores with group-limited
-    top-k and a score-correction bias (``"sigmoid"``, ``"noaux_tc"``)."""
-
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    norm_topk_prob: bool
-    scoring_func: str
-    topk_method: str
-    n_shared_experts: int = 0
-    routed_scaling_factor: float = 1.0
-    n_group: int | None = None
-    topk_group: int | None = None
-
-    def __post_init__(self) -> None:
-        _refuse_out_of_range(self)
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(Config):
     """A decoder LM body of one of ``FAMILIES`` (docs/models.md#decoderlm)."""
 
     model_type: str
@@ -171,7 +149,8 @@ class DecoderConfig:
     """Per-head RMSNorm of queries and keys before rotary (Qwen3)."""
     tie_word_embeddings: bool = False
     mla: LatentAttentionConfig | None = None
-    moe: MoEKeys | None = None
+    moe: MoEConfig | None = None
+    """transformers' MoE keys (``layers/moe.py``), for the layers in ``moe_layers``."""
     moe_layers: tuple[int, ...] = ()
     """Indices of the layers whose feed-forward is a mixture of experts (the rest are dense)."""
     mtp_layers: int = 0
@@ -180,12 +159,10 @@ class DecoderConfig:
     """Attention Residuals with K3's conventions: decoder layers per block; None = standard residuals."""
     arch: str = ARCH
 
-    def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            raise CheckpointError(f"invalid decoder config: {'; '.join(problems)}")
+    KIND: ClassVar[str] = "decoder"
+    DEFAULTED_OPTIONAL: ClassVar[bool] = True
 
-    def _problems(self):
+    def problems(self) -> Iterator[str]:
         if self.arch != ARCH:
             yield f"arch must be {ARCH!r}, got {self.arch!r}"
         if self.model_type not in FAMILIES:
@@ -256,39 +233,3 @@ class DecoderConfig:
         rows.append(("residual", f"Kimi K3 AttnRes, {self.attn_res_block_size} decoder layers a block"
                                  if self.attn_res else "standard"))
         return rows
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (nested dicts for rope, mla and moe), readable by ``from_dict``."""
-        out = asdict(self)
-        out["moe_layers"] = list(self.moe_layers)
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> DecoderConfig:
-        """The config of a checkpoint of ours (``to_dict`` output); unknown or missing keys are refused."""
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"checkpoint 'config' must be a dict of plain values, got {type(raw).__name__}")
-        values = _known_fields(cls, raw, "checkpoint config")
-        nested = {"rope": RopeConfig, "mla": LatentAttentionConfig, "moe": MoEKeys}
-        for name, kind in nested.items():
-            if isinstance(values.get(name), dict):
-                values[name] = kind(**_known_fields(kind, values[name], f"checkpoint config {name!r}"))
-            elif name == "rope" or values.get(name) is not None:
-                raise CheckpointError(f"checkpoint config {name!r} must be a dict, got {values.get(name)!r}")
-        if not isinstance(values.get("moe_layers", []), list):
-            raise CheckpointError("checkpoint config 'moe_layers' must be a list of layer indices")
-        values["moe_layers"] = tuple(values.get("moe_layers", ()))
-        return cls(**values)
-
-
-def _known_fields(kind: type, raw: dict, what: str) -> dict[str, Any]:
-    """``raw`` when it names only fields of ``kind`` and every field without a default."""
-    known = {f.name: f for f in fields(kind)}
-    unknown = sorted(set(raw) - set(known), key=str)
-    if unknown:
-        raise CheckpointError(f"{what} has unknown keys: {few(unknown)}")
-    required = [name for name, f in known.items()
-                if f.default is MISSING and f.default_factory is MISSING and name not in raw]
-    if required:
-        raise CheckpointError(f"{what} is missing keys: {', '.join(required)}")
-    return dict(raw)

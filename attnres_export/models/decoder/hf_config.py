@@ -20,20 +20,11 @@ from attnres_export.models.decoder.config import (
     ROPE_TYPES,
     DecoderConfig,
     LatentAttentionConfig,
-    MoEKeys,
+    MoEConfig,
     RopeConfig,
 )
+from attnres_export.models.layers.hf_keys import IRRELEVANT_KEYS
 from attnres_export.models.limits import few, is_whole, layer_count_refusal, shown
-
-IRRELEVANT_KEYS = frozenset({
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
-    "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout",
-    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
-    "chunk_size_feed_forward", "is_encoder_decoder", "tokenizer_class", "pretraining_tp",
-    "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "ep_size",
-})
-"""Keys accepted whatever their value: token ids, training-only settings (dropout, auxiliary losses, init),
-parallelism hints, bookkeeping. ``pretraining_tp`` only sliced the matmuls of older Llama code."""
 
 COMMON_KEYS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -319,7 +310,7 @@ def _latent_attention(read: _Reader) -> LatentAttentionConfig:
     )
 
 
-def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEKeys | None, tuple[int, ...]]:
+def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEConfig | None, tuple[int, ...]]:
     """The MoE settings and the layers they apply to, with each family's rule (transformers 5.23):
     ``qwen3_moe``: layer ``i`` is MoE unless ``i in mlp_only_layers``, when ``num_experts > 0`` and
     ``(i + 1) % decoder_sparse_step == 0``; ``deepseek_v3``: ``i >= first_k_dense_replace``."""
@@ -329,7 +320,7 @@ def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEKeys | None, tuple
         step = read.integer("decoder_sparse_step")
         dense = _layer_set(read, "mlp_only_layers", layers)
         moe_layers = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
-        keys = MoEKeys(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
+        keys = MoEConfig(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
                        moe_intermediate_size=read.integer("moe_intermediate_size"),
                        norm_topk_prob=read.flag("norm_topk_prob"), scoring_func="softmax", topk_method="greedy")
         return (keys if moe_layers else None), moe_layers
@@ -342,7 +333,7 @@ def _moe(read: _Reader, family: str, layers: int) -> tuple[MoEKeys | None, tuple
         experts = read.integer(experts_key)
         first_dense = read.integer("first_k_dense_replace")
         moe_layers = tuple(range(first_dense, layers)) if experts else ()
-        keys = MoEKeys(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
+        keys = MoEConfig(num_experts=experts, num_experts_per_tok=read.integer("num_experts_per_tok"),
                        moe_intermediate_size=read.integer("moe_intermediate_size"),
                        norm_topk_prob=read.flag("norm_topk_prob"), scoring_func="sigmoid", topk_method="noaux_tc",
                        n_shared_experts=read.integer("n_shared_experts"),

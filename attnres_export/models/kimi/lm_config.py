@@ -3,19 +3,21 @@ transformers 5.23's ``KimiLinearConfig`` semantics (its ``attribute_map`` spelli
 either read, inert, or refused in one line naming it.
 
 The checkpoint form (``to_dict``) is the ``config.json`` itself under ``hf_config``: the body is fully determined
-by it, so ``from_dict`` parses it again instead of keeping a second spelling of the same settings.
+by it, so ``from_dict`` parses it again instead of keeping a second spelling of the same settings (the other fields
+are what ``from_hf`` derives from it, never set afterwards).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from attnres_export.errors import CheckpointError
-from attnres_export.models.decoder.hf_config import IRRELEVANT_KEYS
-from attnres_export.models.decoder.moe import MoEConfig
+from attnres_export.models.config import Config
 from attnres_export.models.kimi.config import RANGES, KdaConfig
+from attnres_export.models.layers.hf_keys import IRRELEVANT_KEYS
+from attnres_export.models.layers.moe import MoEConfig
 from attnres_export.models.limits import few, is_whole, layer_count_refusal, shown
 
 ARCH = "kimi-linear"
@@ -47,7 +49,7 @@ MXFP4_FORMAT = "mxfp4-pack-quantized"
 KDA_KEYS = frozenset({"linear_attn_config", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
                       "layer_types"})
 DERIVED = ("head_dim", "qk_head_dim")
-"""Keys ``KimiLinearConfig.__post_init__`` overwrites on load with ``qk_rope_head_dim`` and ``qk_nope + qk_rope``,
+"""Keys ``KimiLinearConfig.from_hf`` overwrites on load with ``qk_rope_head_dim`` and ``qk_nope + qk_rope``,
 whatever config.json stores (Moonshot's published Kimi-Linear-48B-A3B config stores ``head_dim`` 72, its hidden size
 over its heads): read as transformers reads them, so no stored value changes what is computed."""
 INERT_VALUES = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid", "use_grouped_topk": True,
@@ -57,45 +59,46 @@ transformers computes."""
 
 
 @dataclass(frozen=True)
-class KimiLinearConfig:
-    """The Kimi Linear body of one ``config.json`` (``hf_config``); the rest is derived from it."""
+class KimiLinearConfig(Config):
+    """The Kimi Linear body of one ``config.json`` (``hf_config``); the other fields are derived from it by
+    ``from_hf``, the one way a config is made (its checkpoint form is ``hf_config`` alone)."""
 
     hf_config: dict[str, Any]
-    arch: str = ARCH
-    vocab_size: int = field(init=False)
-    hidden_size: int = field(init=False)
-    num_hidden_layers: int = field(init=False)
-    num_attention_heads: int = field(init=False)
-    intermediate_size: int = field(init=False)
-    rms_norm_eps: float = field(init=False)
-    max_position_embeddings: int = field(init=False)
-    q_lora_rank: int | None = field(init=False)
-    kv_lora_rank: int = field(init=False)
-    qk_nope_head_dim: int = field(init=False)
-    qk_rope_head_dim: int = field(init=False)
-    v_head_dim: int = field(init=False)
-    attention_bias: bool = field(init=False)
-    tie_word_embeddings: bool = field(init=False)
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    attention_bias: bool
+    tie_word_embeddings: bool
     """Read and kept, but it ties nothing: transformers 5.23's ``KimiLinearForCausalLM`` has no tied weights."""
-    kda: KdaConfig = field(init=False)
-    moe: MoEConfig = field(init=False)
-    mlp_layer_types: tuple[str, ...] = field(init=False)
-    attn_res_block_size: int | None = field(init=False)
-    hidden_act: str = field(init=False)
+    kda: KdaConfig
+    moe: MoEConfig
+    mlp_layer_types: tuple[str, ...]
+    attn_res_block_size: int | None
+    hidden_act: str
     """``silu`` or Kimi K3's ``situ``, in every feed-forward (dense, shared and routed experts)."""
-    situ_beta: float = field(init=False)
-    situ_linear_beta: float | None = field(init=False)
-    routed_expert_hidden_size: int | None = field(init=False)
+    situ_beta: float
+    situ_linear_beta: float | None
+    routed_expert_hidden_size: int | None
     """K3's latent MoE: the routed experts run at this width between ``routed_expert_down_proj`` and
     ``routed_expert_up_proj`` (the router and the shared experts stay at ``hidden_size``)."""
-    latent_moe_use_norm: bool = field(init=False)
-    mla_use_output_gate: bool = field(init=False)
+    latent_moe_use_norm: bool
+    mla_use_output_gate: bool
+    arch: str = ARCH
 
-    def __post_init__(self) -> None:
+    KIND: ClassVar[str] = ARCH
+
+    def problems(self) -> Iterator[str]:
         if self.arch != ARCH:
-            raise CheckpointError(f"Kimi config: arch must be {ARCH!r}, got {self.arch!r}")
-        for name, value in _parse(self.hf_config).items():
-            object.__setattr__(self, name, value)
+            yield f"arch must be {ARCH!r}, got {self.arch!r}"
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -141,8 +144,8 @@ class KimiLinearConfig:
                                  f"kv_lora_rank {self.kv_lora_rank}, nope/shared/v head dims "
                                  f"{self.qk_nope_head_dim}/{self.qk_rope_head_dim}/{self.v_head_dim}"
                                  f"{', sigmoid output gate' if self.mla_use_output_gate else ''}"),
-            ("experts", f"{moe.num_experts} routed, top-{moe.top_k}, {moe.n_shared_experts} shared (sigmoid router, "
-                        f"{moe.topk_group} of {moe.n_group} groups) in layers {sparse}"),
+            ("experts", f"{moe.num_experts} routed, top-{moe.num_experts_per_tok}, {moe.n_shared_experts} shared "
+                        f"(sigmoid router, {moe.topk_group} of {moe.n_group} groups) in layers {sparse}"),
             ("latent MoE", "off" if self.routed_expert_hidden_size is None else
              f"routed experts at width {self.routed_expert_hidden_size}"
              f"{' with RMSNorm' if self.latent_moe_use_norm else ''}"),
@@ -161,13 +164,14 @@ class KimiLinearConfig:
         return f"Kimi K3 AttnRes, {size} decoder layers a block: {' '.join(blocks)}{partial}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The checkpoint form: the ``config.json`` itself (``from_dict`` parses it again)."""
         return {"arch": self.arch, "hf_config": dict(self.hf_config)}
 
     @classmethod
-    def from_dict(cls, raw: Any) -> KimiLinearConfig:
+    def from_dict(cls, raw: Any, what: str = "checkpoint config") -> KimiLinearConfig:
         if not isinstance(raw, dict) or set(raw) != {"arch", "hf_config"} or not isinstance(raw["hf_config"], dict):
             raise CheckpointError("kimi-linear checkpoint config must be {'arch': 'kimi-linear', 'hf_config': {...}}")
-        return cls(hf_config=raw["hf_config"], arch=raw["arch"])
+        return cls(hf_config=dict(raw["hf_config"]), **_parse(raw["hf_config"]), arch=raw["arch"])
 
     @classmethod
     def from_hf(cls, raw: Any, where: str = "config.json", layers_in_weights: set[int] | None = None
@@ -181,7 +185,7 @@ class KimiLinearConfig:
         if layers_in_weights is not None and is_whole(declared) and declared > len(layers_in_weights):
             raise layer_count_refusal(declared, layers_in_weights, where, "num_hidden_layers")
         try:
-            return cls(hf_config=dict(raw))
+            return cls(hf_config=dict(raw), **_parse(raw))
         except CheckpointError as err:
             raise CheckpointError(f"{where}: {err}") from None
 
@@ -247,10 +251,11 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     out["kda"] = KdaConfig.from_hf({**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}})
     out["mlp_layer_types"] = _mlp_layer_types(values.get("mlp_layer_types"), ranged("first_k_dense_replace"), layers)
     out["moe"] = MoEConfig(
-        hidden_size=out["hidden_size"], moe_intermediate_size=ranged("moe_intermediate_size"),
-        num_experts=ranged("num_local_experts"), top_k=ranged("num_experts_per_tok"), router="sigmoid",
-        norm_topk_prob=flag("norm_topk_prob"), routed_scaling_factor=float(ranged("routed_scaling_factor")),
-        n_group=ranged("n_group"), topk_group=ranged("topk_group"), n_shared_experts=ranged("n_shared_experts"))
+        num_experts=ranged("num_local_experts"), num_experts_per_tok=ranged("num_experts_per_tok"),
+        moe_intermediate_size=ranged("moe_intermediate_size"), norm_topk_prob=flag("norm_topk_prob"),
+        scoring_func="sigmoid", topk_method="noaux_tc", n_shared_experts=ranged("n_shared_experts"),
+        routed_scaling_factor=float(ranged("routed_scaling_factor")), n_group=ranged("n_group"),
+        topk_group=ranged("topk_group"))
     out["attn_res_block_size"] = None if get("attn_res_block_size") is None else ranged("attn_res_block_size")
     out.update(_k3_additions(values, get, ranged, flag))
     return out

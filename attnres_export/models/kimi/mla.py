@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnres_export.models.attnres_lm import RMSNorm
-from attnres_export.models.decoder.attention import LATENT_NORM_EPS, attend
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
+from attnres_export.models.layers.attention import LATENT_NORM_EPS, attend
+from attnres_export.models.layers.norm import RMSNorm
 
 
 class NopeLatentAttention(nn.Module):

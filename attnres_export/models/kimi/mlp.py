@@ -11,15 +11,15 @@ The latent MoE (``routed_expert_hidden_size``): the router scores the full-width
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from attnres_export.models.attnres_lm import RMSNorm
-from attnres_export.models.decoder.mlp import GatedMLP
-from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward, SigmoidGroupTopKRouter, StackedExperts
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
+from attnres_export.models.layers.mlp import GatedMLP
+from attnres_export.models.layers.moe import MoEConfig, MoEFeedForward, SigmoidGroupTopKRouter, StackedExperts
+from attnres_export.models.layers.norm import RMSNorm
 from attnres_export.ops.precision import at_least_float32
 
 
@@ -63,8 +63,8 @@ class KimiMLP(nn.Module):
 class KimiExperts(StackedExperts):
     """The stacked routed experts with the family's activation (every expert path of ``StackedExperts``)."""
 
-    def __init__(self, config: MoEConfig, activation: Activation) -> None:
-        super().__init__(config)
+    def __init__(self, config: MoEConfig, hidden_size: int, activation: Activation) -> None:
+        super().__init__(config, hidden_size)
         self.activation = activation
 
     def activate(self, gate_up: torch.Tensor, dim: int) -> torch.Tensor:
@@ -75,18 +75,17 @@ class KimiMoE(nn.Module):
     """A Kimi K3 MoE feed-forward, ``forward(x [B, T, D]) -> [B, T, D]``, under the names of ``MoEFeedForward``
     (``gate``, ``experts``, ``shared_experts``) plus the latent projections."""
 
-    def __init__(self, config: MoEConfig, activation: Activation, latent_size: int | None, latent_norm: bool,
-                 eps: float) -> None:
+    def __init__(self, config: MoEConfig, hidden_size: int, activation: Activation, latent_size: int | None,
+                 latent_norm: bool, eps: float) -> None:
         super().__init__()
         self.config = config
-        self.gate = SigmoidGroupTopKRouter(config)
-        width = config.hidden_size if latent_size is None else latent_size
-        self.experts = KimiExperts(replace(config, hidden_size=width), activation)
-        self.shared_experts = (KimiMLP(config.hidden_size, config.shared_size, activation)
-                               if config.n_shared_experts else None)
+        self.gate = SigmoidGroupTopKRouter(config, hidden_size)
+        width = hidden_size if latent_size is None else latent_size
+        self.experts = KimiExperts(config, width, activation)
+        self.shared_experts = KimiMLP(hidden_size, config.shared_size, activation) if config.n_shared_experts else None
         if latent_size is not None:
-            self.routed_expert_down_proj = nn.Linear(config.hidden_size, latent_size, bias=False)
-            self.routed_expert_up_proj = nn.Linear(latent_size, config.hidden_size, bias=False)
+            self.routed_expert_down_proj = nn.Linear(hidden_size, latent_size, bias=False)
+            self.routed_expert_up_proj = nn.Linear(latent_size, hidden_size, bias=False)
             self.routed_expert_norm = RMSNorm(latent_size, eps) if latent_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +109,10 @@ def feed_forward(cfg: KimiLinearConfig, index: int) -> nn.Module:
     modules above when K3's SiTU or latent MoE is on."""
     moe = cfg.is_moe_layer(index)
     if cfg.hidden_act == "silu" and cfg.routed_expert_hidden_size is None:
-        return MoEFeedForward(cfg.moe) if moe else GatedMLP(cfg.hidden_size, cfg.intermediate_size, False)
+        return MoEFeedForward(cfg.moe, cfg.hidden_size) if moe else GatedMLP(cfg.hidden_size, cfg.intermediate_size,
+                                                                              False)
     activation = Activation(cfg.hidden_act, cfg.situ_beta, cfg.situ_linear_beta)
     if moe:
-        return KimiMoE(cfg.moe, activation, cfg.routed_expert_hidden_size, cfg.latent_moe_use_norm, cfg.rms_norm_eps)
+        return KimiMoE(cfg.moe, cfg.hidden_size, activation, cfg.routed_expert_hidden_size, cfg.latent_moe_use_norm,
+                       cfg.rms_norm_eps)
     return KimiMLP(cfg.hidden_size, cfg.intermediate_size, activation)

@@ -2,9 +2,9 @@
 Delta Attention (``linear_attention``) or NoPE latent attention (``full_attention``), its feed-forwards dense or
 DeepSeek-style MoE per ``mlp_layer_types``, with standard residuals or Kimi K3's Attention Residuals.
 
-The residual streams, the K3 aggregation sites, the contract methods and ``init_example`` are ``DecoderLM``'s
-(the layers carry the same attribute names); what differs is the layers and the cache: no rotary table, and per
-KDA layer a fixed-size state instead of a growing one (``kimi/with_past.py``).
+The residual streams, the K3 aggregation sites, the contract methods and ``init_example`` are ``CausalLM``'s
+(``layers/causal_lm.py``; the layers carry its attribute names); what differs is the layers and the cache: no rotary
+table, and per KDA layer a fixed-size state instead of a growing one (``kimi/with_past.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import math
 import torch
 from torch import nn
 
-from attnres_export.models.attnres_lm import RMSNorm
-from attnres_export.models.decoder.model import DecoderLM
-from attnres_export.models.decoder.residual import ResidualNorm, ResidualProjection
 from attnres_export.models.kimi.kda import KdaState, KimiDeltaAttention
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
 from attnres_export.models.kimi.mla import NopeLatentAttention
 from attnres_export.models.kimi.mlp import feed_forward
+from attnres_export.models.layers.causal_lm import CausalLM
+from attnres_export.models.layers.norm import RMSNorm
+from attnres_export.models.layers.residual import ResidualNorm, ResidualProjection
 from attnres_export.ops.precision import at_least_float32
 
 KDA_STATE_TENSORS = len(KdaState._fields)
@@ -75,19 +75,15 @@ class StateStep:
         return self.past[start:start + count]
 
 
-class KimiLinearLM(DecoderLM):
+class KimiLinearLM(CausalLM):
     """A Kimi Linear LM; ``forward(input_ids [B, T]) -> logits [B, T, V]`` float32. The head is never tied to the
     embedding: transformers 5.23's ``KimiLinearForCausalLM`` ties nothing, whatever ``tie_word_embeddings`` says."""
 
     def __init__(self, cfg: KimiLinearConfig) -> None:
-        nn.Module.__init__(self)
-        self.config = cfg
-        self.model = KimiLinearBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.fuse_norms = False
+        super().__init__(cfg, KimiLinearBody(cfg))
 
     def init_example(self) -> None:
-        """``DecoderLM``'s example weights, and the forget gates as transformers initialises them (``A_log`` from
+        """``CausalLM``'s example weights, and the forget gates as transformers initialises them (``A_log`` from
         U(1, 16), ``dt_bias`` the inverse softplus of a step in [1e-3, 1e-1])."""
         super().init_example()
         with torch.no_grad():

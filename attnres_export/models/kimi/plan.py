@@ -1,6 +1,6 @@
 """The export plan of a ``KimiLinearLM`` (models/base.py:ExportPlan, docs/exporter-notes.md#assembled-export).
 
-The residual stream, the K3 sites, the feed-forward and head pieces are the decoder's (``decoder/plan.py``); what
+The residual stream, the K3 sites, the feed-forward and head pieces are the shared ones (``layers/plan.py``); what
 differs is the embedding (no rotary table: it makes the causal mask the latent-attention layers read and, with the
 past, the new tokens' padding mask the KDA layers read) and the two attention kinds: a KDA piece (one
 ``KimiDeltaAttention`` node; with the past it takes and returns the recurrent and the three convolution states) and
@@ -12,9 +12,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnres_export.models.attnres_lm import RMSNorm
 from attnres_export.models.base import ExportPlan, PlanValue
-from attnres_export.models.decoder.plan import (
+from attnres_export.models.kimi.kda import KdaState
+from attnres_export.models.kimi.model import KDA_STATE_TENSORS, MLA_STATE_TENSORS
+from attnres_export.models.layers.norm import RMSNorm
+from attnres_export.models.layers.plan import (
     STEP_INPUTS,
     PlanSteps,
     graph_inputs,
@@ -24,8 +26,6 @@ from attnres_export.models.decoder.plan import (
     residual_steps,
     state_signature,
 )
-from attnres_export.models.kimi.kda import KdaState
-from attnres_export.models.kimi.model import KDA_STATE_TENSORS, MLA_STATE_TENSORS
 
 
 class _Embedding(nn.Module):

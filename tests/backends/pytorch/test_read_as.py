@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnres_export.backends.pytorch.runner import read_as
-from attnres_export.models.decoder.moe import MoEConfig, MoEFeedForward, SigmoidGroupTopKRouter
+from attnres_export.models.layers.moe import MoEConfig, MoEFeedForward, SigmoidGroupTopKRouter
 
 
 def test_a_weight_read_twice_is_cast_once_and_cast_again_once_changed_in_place():
@@ -29,7 +29,7 @@ def test_a_weight_read_twice_is_cast_once_and_cast_again_once_changed_in_place()
 @pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16])
 def test_an_moe_read_as_float64_computes_what_its_float64_copy_computes(tokens, stored):
     torch.manual_seed(tokens)
-    moe = MoEFeedForward(MoEConfig(hidden_size=24, moe_intermediate_size=20, num_experts=6, top_k=2),
+    moe = MoEFeedForward(MoEConfig(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=20), 24,
                          gather_max_tokens=2).to(stored).eval()
     x = torch.randn(1, tokens, 24, dtype=torch.float64)
     wide = copy.deepcopy(moe).double()
@@ -55,8 +55,8 @@ def test_a_non_persistent_buffer_stays_out_of_the_state_dict_after_a_read():
 def test_a_16_bit_read_leaves_the_tensors_a_16_bit_model_keeps_float32_unrounded(half):
     """The PyTorch run in a 16-bit type that scales a 16-bit artifact's bar reads the model as its export holds
     it: a router's score-correction bias stays float32 (its value unrounded), its weight is read in ``half``."""
-    router = SigmoidGroupTopKRouter(MoEConfig(hidden_size=8, moe_intermediate_size=4, num_experts=4, top_k=2,
-                                              router="sigmoid"))
+    router = SigmoidGroupTopKRouter(MoEConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=4,
+                                              scoring_func="sigmoid", topk_method="noaux_tc"), 8)
     router.e_score_correction_bias.copy_(torch.tensor([1e-3, 1 + 2 ** -12, -0.3, 0.7]))
     bias = router.e_score_correction_bias.clone()
     with read_as(router, half):

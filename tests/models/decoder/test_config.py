@@ -10,8 +10,8 @@ import torch
 
 from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder import DecoderConfig, DecoderLM, from_hf_folder, parse_hf_config
-from attnres_export.models.decoder.hf_config import IRRELEVANT_KEYS
-from attnres_export.models.decoder.moe import MoEFeedForward
+from attnres_export.models.layers.hf_keys import IRRELEVANT_KEYS
+from attnres_export.models.layers.moe import MoEFeedForward
 from tests.models.decoder.hf_bodies import FAMILY_SETTINGS, TINY, hf_model, relative_l2, write_folder
 
 REQUIRED = {"vocab_size": 61, "hidden_size": 1024, "intermediate_size": 40, "num_hidden_layers": 3,

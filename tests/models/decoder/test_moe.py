@@ -19,7 +19,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig
 
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.exporter.optimize import optimize_exported
-from attnres_export.models.decoder.moe import EXPERT_PATHS, MoEConfig, MoEFeedForward, expert_state_from_hf
+from attnres_export.models.layers.moe import EXPERT_PATHS, MoEConfig, MoEFeedForward, expert_state_from_hf
 from attnres_export.models.routing import traced_routing
 from tests.conftest import slow_after
 
@@ -51,7 +51,7 @@ def qwen3_moe(seed: int = 0) -> Family:
                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                             num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True)
     family = Family("qwen3_moe", Qwen3MoeForCausalLM(config).eval(), "model.layers.0.mlp.",
-                    MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "softmax", norm_topk_prob=True))
+                    MoEConfig(EXPERTS, TOP_K, INNER, norm_topk_prob=True))
     _randomize(family.block, seed)
     family.use("eager")
     return family
@@ -64,8 +64,9 @@ def deepseek_v3(seed: int = 0) -> Family:
                               topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                               q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
     family = Family("deepseek_v3", DeepseekV3ForCausalLM(config).eval(), "model.layers.1.mlp.",
-                    MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
-                              n_group=4, topk_group=2, n_shared_experts=1))
+                    MoEConfig(EXPERTS, TOP_K, INNER, norm_topk_prob=True, scoring_func="sigmoid",
+                              topk_method="noaux_tc", routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                              n_shared_experts=1))
     _randomize(family.block, seed)
     family.use("eager")
     return family
@@ -90,7 +91,7 @@ def saved_tensors(family: Family, folder: Path, original_format: bool = True) ->
 
 
 def ours(family: Family, tensors: dict[str, torch.Tensor], expert_path: str = "gather+grouped") -> MoEFeedForward:
-    module = MoEFeedForward(family.config, expert_path).eval()
+    module = MoEFeedForward(family.config, HIDDEN, expert_path).eval()
     module.load_hf_tensors(family.prefix, tensors)
     return module
 
@@ -176,7 +177,7 @@ def test_routing_ties_resolve_as_in_transformers_in_pytorch(expert_path):
     for build in FAMILIES.values():
         family = build()
         _zero_router(family)
-        module = MoEFeedForward(family.config, expert_path).eval()
+        module = MoEFeedForward(family.config, HIDDEN, expert_path).eval()
         module.load_hf_tensors("", family.block.state_dict())
         for shape in [(1, 1), (1, 33)]:
             x = inputs(shape)
@@ -188,8 +189,9 @@ def test_routing_ties_resolve_as_in_transformers_in_pytorch(expert_path):
 def test_a_half_sigmoid_router_chooses_by_its_float32_correction_bias(dtype):
     """Equal scores (a zero router) and biases 1e-6 apart, far below either half type's resolution at 0.02: the
     choice follows the float32 bias, as in transformers (which keeps the bias float32) and a float64 top-k."""
-    config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", norm_topk_prob=True, n_group=4, topk_group=2)
-    module = MoEFeedForward(config).eval()
+    config = MoEConfig(EXPERTS, TOP_K, INNER, norm_topk_prob=True, scoring_func="sigmoid", topk_method="noaux_tc",
+                       n_group=4, topk_group=2)
+    module = MoEFeedForward(config, HIDDEN).eval()
     bias = 0.02 + 1e-6 * torch.randperm(EXPERTS, generator=torch.Generator().manual_seed(4)).double()
     with torch.no_grad():
         module.gate.weight.zero_()
@@ -246,28 +248,32 @@ def test_a_float64_block_routes_and_sums_in_float64(family, per_expert_tensors, 
     with torch.no_grad(), traced_routing() as trace:
         got = module(x)
     assert all(scores.dtype == torch.float64 for scores in trace.scores) and got.dtype == torch.float64
-    if family.config.router == "softmax":
+    if family.config.scoring_func == "softmax":
         assert rel_l2(got[0], float64_softmax_block(module, x[0])) <= 1e-12
 
 
-def test_shared_width_is_moe_intermediate_size_times_shared_experts_unless_given():
-    config = MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K, "sigmoid", n_group=4, topk_group=2, n_shared_experts=2)
+def test_shared_width_is_moe_intermediate_size_times_shared_experts():
+    config = MoEConfig(EXPERTS, TOP_K, INNER, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2,
+                       n_shared_experts=2)
     assert config.shared_size == 2 * INNER
-    assert dataclasses.replace(config, shared_intermediate_size=40).shared_size == 40
+
+
+SIGMOID = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
 
 @pytest.mark.parametrize(("overrides", "problem"), [
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
-    ({"top_k": 9}, "top_k 9 exceeds num_experts 8"),
-    ({"router": "sigmoid", "n_group": 3}, "not divisible by n_group 3"),
-    ({"router": "sigmoid", "n_group": 8}, "each expert group needs >= 2 experts"),
-    ({"router": "sigmoid", "n_group": 4, "topk_group": 1, "top_k": 3}, "top_k 3 exceeds the 1 kept groups' experts"),
+    ({"topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not implemented for scoring_func 'softmax'"),
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 exceeds num_experts 8"),
+    ({**SIGMOID, "n_group": 3}, "not divisible by n_group 3"),
+    ({**SIGMOID, "n_group": 8}, "each expert group needs >= 2 experts"),
+    ({**SIGMOID, "n_group": 4, "topk_group": 1, "num_experts_per_tok": 3},
+     "num_experts_per_tok 3 exceeds the 1 kept groups' experts"),
     ({"n_group": 4, "topk_group": 2}, "group-limited routing"),
-    ({"n_shared_experts": 1}, "shared experts are implemented for router 'sigmoid' only"),
-    ({"router": "tanh"}, "router must be one of softmax, sigmoid"),
+    ({"n_shared_experts": 1}, "shared experts are implemented for scoring_func 'sigmoid' only"),
+    ({"scoring_func": "tanh"}, "scoring_func must be one of softmax, sigmoid"),
 ])
 def test_config_refuses_what_is_not_implemented_in_one_line(overrides, problem):
-    values = {"hidden_size": HIDDEN, "moe_intermediate_size": INNER, "num_experts": EXPERTS, "top_k": TOP_K}
+    values = {"moe_intermediate_size": INNER, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K}
     with pytest.raises(CheckpointError, match="invalid MoE config") as error:
         MoEConfig(**{**values, **overrides})
     assert problem in str(error.value)
@@ -276,9 +282,9 @@ def test_config_refuses_what_is_not_implemented_in_one_line(overrides, problem):
 
 def test_unknown_expert_path_and_negative_gather_bound_are_refused():
     with pytest.raises(ExportError, match=r"expert_path must be one of gather\+grouped, gather\+dense, gather, "):
-        MoEFeedForward(MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K), "sparse")
+        MoEFeedForward(MoEConfig(EXPERTS, TOP_K, INNER), HIDDEN, "sparse")
     with pytest.raises(ExportError, match="gather_max_tokens must be >= 0, got -1"):
-        MoEFeedForward(MoEConfig(HIDDEN, INNER, EXPERTS, TOP_K), gather_max_tokens=-1)
+        MoEFeedForward(MoEConfig(EXPERTS, TOP_K, INNER), HIDDEN, gather_max_tokens=-1)
 
 
 def test_mapping_refuses_missing_left_over_and_quantized_tensors(family, per_expert_tensors):
@@ -300,7 +306,7 @@ def test_mapping_refuses_missing_left_over_and_quantized_tensors(family, per_exp
 
 
 def test_loading_refuses_a_block_of_another_shape_in_one_line(family, per_expert_tensors):
-    wider = MoEFeedForward(dataclasses.replace(family.config, moe_intermediate_size=2 * INNER))
+    wider = MoEFeedForward(dataclasses.replace(family.config, moe_intermediate_size=2 * INNER), HIDDEN)
     expected = r"mlp\.experts\.down_proj: shape \[8, 32, 16\] does not match the config's \[8, 32, 32\]"
     with pytest.raises(CheckpointError, match=expected):
         wider.load_hf_tensors(family.prefix, per_expert_tensors)
@@ -314,7 +320,7 @@ def _moved(tensors: dict[str, torch.Tensor], source: str, target: str) -> dict[s
 def test_loading_refuses_the_other_familys_block_naming_the_tensors(tmp_path):
     qwen, deepseek = qwen3_moe(), deepseek_v3()
     with pytest.raises(CheckpointError, match=r"mlp\.gate\.e_score_correction_bias, .* has no place in a block of "
-                                              r"router=softmax, n_shared_experts=0"):
+                                              r"scoring_func=softmax, n_shared_experts=0"):
         ours(qwen, _moved(saved_tensors(deepseek, tmp_path / "deepseek"), deepseek.prefix, qwen.prefix))
     with pytest.raises(CheckpointError, match=r"missing model\.layers\.1\.mlp\.gate\.e_score_correction_bias"):
         ours(deepseek, _moved(saved_tensors(qwen, tmp_path / "qwen"), qwen.prefix, deepseek.prefix))
@@ -423,7 +429,7 @@ def test_gather_plus_dense_exports_with_static_shapes_only_and_matches_transform
     gather branch up to a decode batch of 4."""
     family = qwen3_moe()
     tensors = saved_tensors(family, tmp_path / "folder")
-    module = MoEFeedForward(family.config, "gather+dense", gather_max_tokens=4).eval()
+    module = MoEFeedForward(family.config, HIDDEN, "gather+dense", gather_max_tokens=4).eval()
     module.load_hf_tensors(family.prefix, tensors)
     path = export(module, tmp_path / "moe.onnx")
     ops = set()

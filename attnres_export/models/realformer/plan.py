@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from attnres_export.models.base import ExportPlan, PlanPiece, PlanValue
-from attnres_export.models.realformer import RealFormer, padding_bias
+from attnres_export.models.realformer.model import RealFormer, padding_bias
 from attnres_export.ops.precision import at_least_float32
 
 

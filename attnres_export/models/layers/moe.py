@@ -1,9 +1,9 @@
 """Routed mixture-of-experts feed-forwards of Qwen3-MoE and DeepSeek-V3 with transformers 5.23's semantics.
 
-``MoEFeedForward(config)`` computes what transformers' ``Qwen3MoeSparseMoeBlock`` (``router="softmax"``) and
-``DeepseekV3MoE`` (``router="sigmoid"``) compute, holds its tensors under their names (``gate.weight``,
-``gate.e_score_correction_bias``, ``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj`` [E, D, I],
-``shared_experts.*``), and is written for export: one graph serves prefill and decode under dynamic batch and
+``MoEFeedForward(config, hidden_size)`` computes what transformers' ``Qwen3MoeSparseMoeBlock``
+(``scoring_func="softmax"``) and ``DeepseekV3MoE`` (``"sigmoid"``) compute, holds its tensors under their names
+(``gate.weight``, ``gate.e_score_correction_bias``, ``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj``
+[E, D, I], ``shared_experts.*``), and is written for export: one graph serves prefill and decode under dynamic batch and
 sequence, and a decode step reads only the selected experts' weights. The expert computation has three forms
 (docs/decode.md#experts-at-decode has the node-level reasons and the measured effect of each):
 
@@ -22,10 +22,10 @@ the token count, an ONNX ``If``; eager PyTorch takes the same branch with Python
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,87 +33,96 @@ from torch import nn
 
 from attnres_export.errors import CheckpointError, ExportError
 from attnres_export.models.base import KeepFloat32
+from attnres_export.models.config import Config
+from attnres_export.models.limits import EXPERT_COUNT, EXPERTS, MULTIPLIER, WIDTH, Range
 from attnres_export.models.routing import top_k_experts
 from attnres_export.ops.precision import at_least_float32
 
-ROUTERS = ("softmax", "sigmoid")
-"""``softmax``: Qwen3-MoE (softmax over experts, top-k, optional renormalisation). ``sigmoid``: DeepSeek-V3's
+ROUTERS = {"softmax": "greedy", "sigmoid": "noaux_tc"}
+"""``scoring_func`` -> its ``topk_method``.
+``softmax``: Qwen3-MoE (softmax over experts, top-k, optional renormalisation). ``sigmoid``: DeepSeek-V3's
 ``noaux_tc`` (sigmoid scores, a correction bias used for selection only, group-limited top-k, scaling)."""
 EXPERT_FORMS = ("gather", "grouped", "dense")
 EXPERT_PATHS = ("gather+grouped", "gather+dense", *EXPERT_FORMS)
 GATHER_MAX_TOKENS = 1
 """On ONNX Runtime CPU ``gather`` and ``grouped`` tie on one token and ``grouped`` is ahead from two
 (docs/decode.md#experts-at-decode)."""
-ACTIVATIONS = ("silu",)
 INIT_STD = 0.02
 
 
 @dataclass(frozen=True)
-class MoEConfig:
-    """Hyper-parameters of one routed MoE feed-forward, in transformers' meaning of each name."""
+class MoEConfig(Config):
+    """The mixture-of-experts settings of a body in transformers' ``config.json`` names (a ``decoder-lm``
+    checkpoint stores them so, under ``moe``); the feed-forwards below are built from it and the body's
+    ``hidden_size``. Routing follows the family: ``qwen3_moe`` is softmax top-k (``scoring_func="softmax"``,
+    ``topk_method="greedy"``), ``deepseek_v3`` and Kimi Linear sigmoid scores with group-limited top-k and a
+    score-correction bias (``"sigmoid"``, ``"noaux_tc"``)."""
 
-    hidden_size: int
-    moe_intermediate_size: int
     num_experts: int
-    top_k: int
-    router: str = "softmax"
+    num_experts_per_tok: int
+    moe_intermediate_size: int
     norm_topk_prob: bool = False
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
+    scoring_func: str = "softmax"
+    topk_method: str = "greedy"
     n_shared_experts: int = 0
-    shared_intermediate_size: int | None = None
-    """Width of the shared experts' MLP; ``None`` is DeepSeek-V3's ``moe_intermediate_size * n_shared_experts``."""
-    hidden_act: str = "silu"
+    routed_scaling_factor: float = 1.0
+    n_group: int | None = None
+    """None: one group (no group-limited routing)."""
+    topk_group: int | None = None
 
-    def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            raise CheckpointError(f"invalid MoE config: {'; '.join(problems)}")
+    KIND: ClassVar[str] = "MoE"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"n_shared_experts", "routed_scaling_factor", "n_group",
+                                                    "topk_group"})
+    RANGES: ClassVar[dict[str, Range]] = {
+        "num_experts": EXPERT_COUNT, "num_experts_per_tok": EXPERTS, "moe_intermediate_size": WIDTH,
+        "n_shared_experts": EXPERT_COUNT, "routed_scaling_factor": MULTIPLIER, "n_group": EXPERTS,
+        "topk_group": EXPERTS}
 
-    def _problems(self):
-        for name in ("hidden_size", "moe_intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
-            if getattr(self, name) < 1:
-                yield f"{name} must be >= 1, got {getattr(self, name)}"
-        if self.n_shared_experts < 0:
-            yield f"n_shared_experts must be >= 0, got {self.n_shared_experts}"
-        if self.shared_intermediate_size is not None and (self.n_shared_experts == 0
-                                                          or self.shared_intermediate_size < 1):
-            yield "shared_intermediate_size needs n_shared_experts >= 1 and must be >= 1"
-        if self.router not in ROUTERS:
-            yield f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}"
-        if self.hidden_act not in ACTIVATIONS:
-            yield f"hidden_act {self.hidden_act!r} is not implemented (only {', '.join(ACTIVATIONS)})"
-        if self.top_k > self.num_experts:
-            yield f"top_k {self.top_k} exceeds num_experts {self.num_experts}"
-        if not math.isfinite(self.routed_scaling_factor):
-            yield f"routed_scaling_factor must be finite, got {self.routed_scaling_factor}"
-        if self.router == "softmax":
+    def problems(self) -> Iterator[str]:
+        ranges = list(super().problems())
+        if ranges:
+            yield from ranges
+            return
+        if self.scoring_func not in ROUTERS:
+            yield f"scoring_func must be one of {', '.join(ROUTERS)}, got {self.scoring_func!r}"
+        elif self.topk_method != ROUTERS[self.scoring_func]:
+            yield (f"topk_method {self.topk_method!r} is not implemented for scoring_func {self.scoring_func!r} "
+                   f"(only {ROUTERS[self.scoring_func]!r})")
+        if self.num_experts_per_tok > self.num_experts:
+            yield f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}"
+        if self.scoring_func == "softmax":
             yield from self._softmax_problems()
-        elif self.router == "sigmoid":
+        elif self.scoring_func == "sigmoid":
             yield from self._sigmoid_problems()
 
-    def _softmax_problems(self):
-        if (self.n_group, self.topk_group) != (1, 1):
-            yield "group-limited routing (n_group, topk_group) is implemented for router 'sigmoid' only"
+    def _softmax_problems(self) -> Iterator[str]:
+        if self.groups != (1, 1):
+            yield "group-limited routing (n_group, topk_group) is implemented for scoring_func 'sigmoid' only"
         if self.routed_scaling_factor != 1.0:
-            yield "routed_scaling_factor is implemented for router 'sigmoid' only (Qwen3-MoE does not scale)"
+            yield "routed_scaling_factor is implemented for scoring_func 'sigmoid' only (Qwen3-MoE does not scale)"
         if self.n_shared_experts:
-            yield "shared experts are implemented for router 'sigmoid' only (Qwen3-MoE has none)"
+            yield "shared experts are implemented for scoring_func 'sigmoid' only (Qwen3-MoE has none)"
 
-    def _sigmoid_problems(self):
-        if self.num_experts % self.n_group:
-            yield f"num_experts {self.num_experts} is not divisible by n_group {self.n_group}"
-        elif self.n_group > 1 and self.num_experts // self.n_group < 2:
+    def _sigmoid_problems(self) -> Iterator[str]:
+        n_group, topk_group = self.groups
+        if self.num_experts % n_group:
+            yield f"num_experts {self.num_experts} is not divisible by n_group {n_group}"
+        elif n_group > 1 and self.num_experts // n_group < 2:
             yield "each expert group needs >= 2 experts (a group scores by its two best experts)"
-        elif self.top_k > self.topk_group * (self.num_experts // self.n_group):
-            yield f"top_k {self.top_k} exceeds the {self.topk_group} kept groups' experts"
-        if self.topk_group > self.n_group:
-            yield f"topk_group {self.topk_group} exceeds n_group {self.n_group}"
+        elif self.num_experts_per_tok > topk_group * (self.num_experts // n_group):
+            yield f"num_experts_per_tok {self.num_experts_per_tok} exceeds the {topk_group} kept groups' experts"
+        if topk_group > n_group:
+            yield f"topk_group {topk_group} exceeds n_group {n_group}"
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """``(n_group, topk_group)``, one group where they are not set."""
+        return self.n_group or 1, self.topk_group or 1
 
     @property
     def shared_size(self) -> int:
-        return self.shared_intermediate_size or self.moe_intermediate_size * self.n_shared_experts
+        """Width of the shared experts' MLP: DeepSeek-V3's ``moe_intermediate_size * n_shared_experts``."""
+        return self.moe_intermediate_size * self.n_shared_experts
 
 
 def _swiglu(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
@@ -132,11 +141,11 @@ class SoftmaxTopKRouter(nn.Module):
     """Qwen3-MoE's router (``Qwen3MoeTopKRouter``): logits in the model dtype, softmax in float32, top-k,
     renormalised when ``norm_topk_prob``, weights cast back to the model dtype."""
 
-    def __init__(self, config: MoEConfig) -> None:
+    def __init__(self, config: MoEConfig, hidden_size: int) -> None:
         super().__init__()
-        self.top_k = config.top_k
+        self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
-        self.weight = nn.Parameter(torch.randn(config.num_experts, config.hidden_size) * INIT_STD)
+        self.weight = nn.Parameter(torch.randn(config.num_experts, hidden_size) * INIT_STD)
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x2, self.weight)
@@ -159,14 +168,13 @@ class SigmoidGroupTopKRouter(KeepFloat32):
 
     FLOAT32_TENSORS = frozenset({"e_score_correction_bias"})
 
-    def __init__(self, config: MoEConfig) -> None:
+    def __init__(self, config: MoEConfig, hidden_size: int) -> None:
         super().__init__()
-        self.top_k = config.top_k
-        self.n_group = config.n_group
-        self.topk_group = config.topk_group
+        self.top_k = config.num_experts_per_tok
+        self.n_group, self.topk_group = config.groups
         self.norm_topk_prob = config.norm_topk_prob
         self.routed_scaling_factor = config.routed_scaling_factor
-        self.weight = nn.Parameter(torch.randn(config.num_experts, config.hidden_size) * INIT_STD)
+        self.weight = nn.Parameter(torch.randn(config.num_experts, hidden_size) * INIT_STD)
         self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
 
     def forward(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +205,7 @@ class StackedExperts(nn.Module):
     [N, k]) -> [N, D]`` sums each token's experts times their routing weights (products in the promoted dtype of
     activations and weights, as transformers multiplies; the sum in float32)."""
 
-    def __init__(self, config: MoEConfig, expert_path: str = "gather+grouped",
+    def __init__(self, config: MoEConfig, hidden_size: int, expert_path: str = "gather+grouped",
                  gather_max_tokens: int = GATHER_MAX_TOKENS) -> None:
         super().__init__()
         if expert_path not in EXPERT_PATHS:
@@ -205,10 +213,10 @@ class StackedExperts(nn.Module):
         if gather_max_tokens < 0:
             raise ExportError(f"gather_max_tokens must be >= 0, got {gather_max_tokens}")
         self.num_experts = config.num_experts
-        self.top_k = config.top_k
+        self.top_k = config.num_experts_per_tok
         self.expert_path = expert_path
         self.gather_max_tokens = gather_max_tokens
-        experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        experts, hidden, inner = config.num_experts, hidden_size, config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * inner, hidden) * INIT_STD)
         self.down_proj = nn.Parameter(torch.randn(experts, hidden, inner) * INIT_STD)
 
@@ -302,14 +310,14 @@ class MoEFeedForward(nn.Module):
     """A routed MoE feed-forward, ``forward(x [B, T, D]) -> [B, T, D]``: router, routed experts, and for
     DeepSeek-V3 the shared experts added on top."""
 
-    def __init__(self, config: MoEConfig, expert_path: str = "gather+grouped",
+    def __init__(self, config: MoEConfig, hidden_size: int, expert_path: str = "gather+grouped",
                  gather_max_tokens: int = GATHER_MAX_TOKENS) -> None:
         super().__init__()
         self.config = config
-        router = SoftmaxTopKRouter if config.router == "softmax" else SigmoidGroupTopKRouter
-        self.gate = router(config)
-        self.experts = StackedExperts(config, expert_path, gather_max_tokens)
-        self.shared_experts = SharedExperts(config.hidden_size, config.shared_size) if config.n_shared_experts else None
+        router = SoftmaxTopKRouter if config.scoring_func == "softmax" else SigmoidGroupTopKRouter
+        self.gate = router(config, hidden_size)
+        self.experts = StackedExperts(config, hidden_size, expert_path, gather_max_tokens)
+        self.shared_experts = SharedExperts(hidden_size, config.shared_size) if config.n_shared_experts else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -329,8 +337,9 @@ class MoEFeedForward(nn.Module):
             raise CheckpointError(f"{prefix}: missing {', '.join(prefix + name for name in missing)}")
         unused = sorted(set(state) - set(own))
         if unused:
+            cfg = self.config
             raise CheckpointError(f"{prefix}: {', '.join(prefix + name for name in unused)} has no place in a block "
-                                  f"of router={self.config.router}, n_shared_experts={self.config.n_shared_experts}")
+                                  f"of scoring_func={cfg.scoring_func}, n_shared_experts={cfg.n_shared_experts}")
         for name, tensor in sorted(state.items()):
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise CheckpointError(f"{prefix}{name}: shape {list(tensor.shape)} does not match the config's "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnres_export.models.attnres_lm import RMSNorm
 from attnres_export.models.base import KeepFloat32
+from attnres_export.models.layers.norm import RMSNorm
 from attnres_export.ops.aggregate import attnres_aggregate
 from attnres_export.ops.aggregate_norm import attnres_aggregate_norm
 from attnres_export.ops.precision import at_least_float32
@@ -30,7 +30,7 @@ class ResidualNorm(KeepFloat32):
 
 class ResidualProjection(KeepFloat32):
     """``<site>_res_proj``: the pseudo-query row ``[1, D]`` (kept float32), and the folded score weight while
-    ``DecoderLM.score_weights_folded()`` is active."""
+    ``CausalLM.score_weights_folded()`` is active."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()

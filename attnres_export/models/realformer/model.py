@@ -219,8 +219,8 @@ class RealFormer(nn.Module):
         return self.config.n_layers
 
     def export_plan(self, with_past: bool = False, fuse_norm: bool = False):
-        """The model as the exporter assembles it (``models/realformer_plan.py``); None with ``running_mean``."""
-        from attnres_export.models.realformer_plan import realformer_plan
+        """The model as the exporter assembles it (``models/realformer/plan.py``); None with ``running_mean``."""
+        from attnres_export.models.realformer.plan import realformer_plan
 
         return realformer_plan(self)
 
