@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -272,11 +272,18 @@ def fingerprint(model: nn.Module) -> str:
     """A short identity of a model's config and weights, recorded in its exports so that ``generate`` and ``check``
     can tell an ONNX exported from another model. Independent of the storage type: sampled elements are widened
     to float64 first, so the float16 export of a float16 checkpoint and its float32 reference agree."""
-    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
+    state = model.state_dict()
+    return weights_fingerprint(model.config, {name: (t.shape, lambda t=t: t) for name, t in state.items()})
+
+
+def weights_fingerprint(config: Any, tensors: dict[str, tuple[Sequence[int], Callable[[], torch.Tensor]]]) -> str:
+    """``fingerprint`` of a config and its tensors (name -> shape and a read), read one at a time: a weight store
+    computes the same identity as the model it builds without holding the weights."""
+    digest = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode())
+    for name, (shape, read) in sorted(tensors.items()):
+        flat = read().detach().reshape(-1)
         step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
         sample = flat[::step][:FINGERPRINT_SAMPLES].to(torch.float64)
-        digest.update(f"{name}:{list(tensor.shape)}".encode())
+        digest.update(f"{name}:{list(shape)}".encode())
         digest.update(sample.cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -15,23 +15,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
-from attnres_export.models.checkpoint import check_stored_type
 from attnres_export.models.limits import MAX_CONFIG_DEPTH, check_depth
-from attnres_export.models.registry import architecture, for_hf_model_type, hf_model_types
+from attnres_export.models.registry import architecture, config_from_dict, for_hf_model_type, hf_model_types
+from attnres_export.models.store.files import FORMAT, INDEX_FILE, VERSION, WEIGHTS_FILE, safetensors_tensors
+from attnres_export.models.store.tensors import StoredTensor
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-FORMAT = "attnres-checkpoint"
-VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20
-MAX_INDEX_BYTES = 64 << 20
-"""A safetensors index lists one line per tensor: a few MB for the largest published models."""
 
 
 def save_folder(state: dict[str, torch.Tensor], cfg, out_dir: Path,
@@ -85,8 +81,9 @@ def _shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dic
     return shards
 
 
-def read_folder(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(config, state_dict)`` of a checkpoint folder in our own naming (K3 folders are translated)."""
+def read_folder(path: Path) -> tuple[Any, dict[str, StoredTensor]]:
+    """``(typed config, tensors by our state_dict names)`` of a checkpoint folder, read from its config and the
+    safetensors headers only (a Hugging Face folder through its family's reader: renamed, experts stacked)."""
     config = _read_config(path)
     if "attnres_format" in config:
         if config["attnres_format"] != FORMAT:
@@ -96,10 +93,10 @@ def read_folder(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
                                   f"(this attnres reads {VERSION})")
         if "attnres_config" not in config:
             raise CheckpointError(f"{path}/{CONFIG_FILE} has no 'attnres_config' entry")
-        return config["attnres_config"], _read_tensors(path)
+        return config_from_dict(config["attnres_config"]), safetensors_tensors(path)
     family = for_hf_model_type(str(config.get("model_type", "")))
     if family is not None:
-        return family.read_hf(config, _read_tensors(path), str(path))
+        return family.read_hf(config, safetensors_tensors(path), str(path))
     raise CheckpointError(
         f"{path}: {CONFIG_FILE} describes neither an attnres checkpoint (no attnres_format) nor a model family "
         f"attnres reads (model_type {config.get('model_type')!r}; supported: {', '.join(hf_model_types())}); write "
@@ -123,46 +120,3 @@ def _read_config(path: Path) -> dict:
         raise CheckpointError(f"{file}: expected a JSON object")
     check_depth(config, str(file))
     return config
-
-
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of ``model.safetensors`` or of the shards an index lists (file names confined to the folder)."""
-    if (path / INDEX_FILE).is_file():
-        if (path / INDEX_FILE).stat().st_size > MAX_INDEX_BYTES:
-            raise CheckpointError(f"{path / INDEX_FILE}: over {MAX_INDEX_BYTES >> 20} MB; not a safetensors index")
-        try:
-            index = json.loads((path / INDEX_FILE).read_text())
-            weight_map = index["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"{path / INDEX_FILE}: not a safetensors index ({exc})") from exc
-        for name in files:
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise CheckpointError(f"{path / INDEX_FILE}: shard {name!r} is not a file name inside the folder")
-        tensors: dict[str, torch.Tensor] = {}
-        for name in files:
-            part = _load_file(path / name)
-            wanted = {k for k, v in weight_map.items() if v == name}
-            if set(part) != wanted:
-                extra = sorted(set(part) ^ wanted)[:3]
-                raise CheckpointError(f"{path / name}: its tensors differ from what {INDEX_FILE} lists ({extra})")
-            tensors |= part
-        return tensors
-    if (path / WEIGHTS_FILE).is_file():
-        return _load_file(path / WEIGHTS_FILE)
-    raise CheckpointError(f"{path}: no {WEIGHTS_FILE} and no {INDEX_FILE}")
-
-
-def _load_file(file: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if not file.is_file():
-        raise CheckpointError(f"{file}: no such shard")
-    try:
-        tensors = load_file(str(file))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{file}: not a readable safetensors file ({str(exc).splitlines()[0][:200]})") from exc
-    for name, tensor in tensors.items():
-        check_stored_type(name, tensor, file)
-    return tensors

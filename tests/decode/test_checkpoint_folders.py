@@ -167,7 +167,7 @@ def test_folder_with_nan_weights_or_escaping_shards_is_refused(tmp_path):
     weights = k3_weights(K3, 0)
     weights["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
     assert_one_line_error(invoke("generate", write_k3(tmp_path / "nan", K3, weights), "--ids", "1"),
-                          "state_dict['model.layers.1.mlp.up_proj.weight'] holds NaN or infinite values")
+                          "model.safetensors: model.layers.1.mlp.up_proj.weight holds NaN or infinite values")
     folder = write_k3(tmp_path / "esc", K3, k3_weights(K3, 0))
     (folder / "model.safetensors").unlink()
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))

@@ -13,10 +13,11 @@ import torch
 
 from attnres_export.backends.pytorch.runner import TorchRunner, read_as
 from attnres_export.errors import CheckpointError
-from attnres_export.models import checkpoint, load_checkpoint, save_checkpoint
+from attnres_export.models import load_checkpoint, save_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.checkpoint import model_as
 from attnres_export.models.example import make_example
+from attnres_export.models.store import files
 from tests.conftest import SMALL
 
 KEPT_FLOAT32 = (".query", "_res.norm.weight")
@@ -111,7 +112,7 @@ def test_a_float32_checkpoint_loads_cast_to_float16_group_by_group_with_the_same
         reads.append(kwargs.get("mmap"))
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "CAST_GROUP_BYTES", 4096)
+    monkeypatch.setattr(files, "MAPPED_BYTES", 4096)
     monkeypatch.setattr(torch, "load", counting_load)
     model, _ = load_checkpoint(tmp_path / "m.pt", dtype="float16")
     state = original.state_dict()
@@ -134,6 +135,7 @@ def test_a_checkpoint_that_changes_between_its_reads_is_refused(tmp_path, monkey
         return payload
 
     calls: list[int] = []
+    monkeypatch.setattr(files, "MAPPED_BYTES", 4096)  # the file is mapped again after its first 4 kB
     monkeypatch.setattr(torch, "load", swapped)
     with pytest.raises(CheckpointError, match="changed while it was being read"):
         load_checkpoint(tmp_path / "m.pt", dtype="float16")

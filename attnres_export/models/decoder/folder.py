@@ -19,14 +19,17 @@ from attnres_export.errors import CheckpointError
 from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.hf_config import parse_hf_config
 from attnres_export.models.decoder.model import DecoderLM
-from attnres_export.models.decoder.moe import expert_state_from_hf
+from attnres_export.models.layers.moe import expert_state_from_hf
 from attnres_export.models.limits import layer_index, layer_indices
+from attnres_export.models.store.tensors import StoredTensor
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(our config dict, state_dict)`` of a folder's ``config.json`` and tensors."""
+def read_hf(config: dict, tensors: dict[str, StoredTensor], where: str
+            ) -> tuple[DecoderConfig, dict[str, StoredTensor]]:
+    """``(config, state_dict)`` of a folder's ``config.json`` and its tensors (``models/store``: nothing is read
+    here but the tied head, compared with the embedding)."""
     cfg = parse_hf_config(config, where=f"{where}/config.json",
                           layers_in_weights=layer_indices(tensors, DecoderLM.LAYER_PREFIX))
     state = _with_stacked_experts(cfg, _without_mtp_layers(cfg, dict(tensors)))
@@ -34,7 +37,7 @@ def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple
         if HEAD in state and not torch.equal(state[HEAD], state[EMBED]):
             raise CheckpointError(f"{where}: tie_word_embeddings is true but {HEAD} differs from {EMBED}")
         state[HEAD] = state[EMBED]
-    return cfg.to_dict(), state
+    return cfg, state
 
 
 def from_hf_folder(path: Path | str, dtype: torch.dtype | None = None) -> DecoderLM:

@@ -9,7 +9,7 @@ first ``num_heads`` values are the heads' decay rates (both engines narrow it so
 
 transformers 5.23 saves (and Moonshot ships) each feed-forward under ``block_sparse_moe.`` and each routed expert
 as ``experts.{j}.w1`` (gate), ``w3`` (up), ``w2`` (down); the model holds them as ``mlp.`` with the experts stacked
-(``decoder/moe.py``). The KDA and latent-attention tensors load under their saved names. ``lm_head.weight`` is
+(``layers/moe.py``). The KDA and latent-attention tensors load under their saved names. ``lm_head.weight`` is
 always the folder's own: transformers 5.23's ``KimiLinearForCausalLM`` ties nothing (``_tied_weights_keys = {}``)
 whatever ``tie_word_embeddings`` says.
 """
@@ -22,10 +22,11 @@ import re
 import torch
 
 from attnres_export.errors import CheckpointError
-from attnres_export.models.decoder.moe import expert_state_from_hf
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
 from attnres_export.models.kimi.model import KimiLinearLM
+from attnres_export.models.layers.moe import expert_state_from_hf
 from attnres_export.models.limits import layer_indices
+from attnres_export.models.store.tensors import StoredTensor
 
 K3_MODEL_TYPE = "kimi_k3"
 TEXT_PREFIX = "language_model."
@@ -45,8 +46,10 @@ _SAVED_EXPERT = re.compile(r"(experts\.\d+\.)(w1|w2|w3)\.weight$")
 _EXPERT_NAMES = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 
 
-def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(our config dict, state_dict)`` of a folder's ``config.json`` and tensors."""
+def read_hf(config: dict, tensors: dict[str, StoredTensor], where: str
+            ) -> tuple[KimiLinearConfig, dict[str, StoredTensor]]:
+    """``(config, state_dict)`` of a folder's ``config.json`` and its tensors (``models/store``: nothing is read
+    here)."""
     if config.get("model_type") == K3_MODEL_TYPE:
         config, tensors = _k3_text_model(config, tensors, where)
     cfg = KimiLinearConfig.from_hf(config, where=f"{where}/config.json",
@@ -59,7 +62,7 @@ def read_hf(config: dict, tensors: dict[str, torch.Tensor], where: str) -> tuple
             block = expert_state_from_hf(prefix, {k: v for k, v in state.items() if k not in latent})
             state = {k: v for k, v in state.items() if not k.startswith(prefix) or k in latent} | {
                 prefix + name: tensor for name, tensor in block.items()}
-    return cfg.to_dict(), {name: _per_head_a_log(name, tensor, cfg) for name, tensor in state.items()}
+    return cfg, {name: _per_head_a_log(name, tensor, cfg) for name, tensor in state.items()}
 
 
 _TOLD_VISION_LEFT_OUT: set[str] = set()
