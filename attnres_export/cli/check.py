@@ -1,7 +1,7 @@
 """``attnres check``: every given artifact against the PyTorch model on the same inputs.
 
-The check itself is ``parity/check.py: check_artifacts`` (the one the exporter and ``api.check`` run); this
-command parses, checks the paths, and renders."""
+The check itself is ``parity/check.py: check_artifacts`` (``api.check`` runs it too; the exporter's own check runs
+the same steps, ``parity/session.py``); this command parses, checks the paths, and renders."""
 
 from __future__ import annotations
 

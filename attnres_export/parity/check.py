@@ -1,36 +1,27 @@
-"""The one parity check of an attnres checkpoint's artifacts (docs/parity.md): ``attnres check``, the check
-``attnres-export`` runs on the file it stages, and ``attnres_export.api.check`` all run it.
-
-It has two steps, so that a caller can release the PyTorch model between them: ``reference_outputs`` runs the
-PyTorch model (float32, and float64 and each 16-bit artifact type where the bar scales), ``judge_artifacts`` runs
-every artifact on the same feeds and judges each output. The exporter computes its references before ONNX Runtime
-opens the staged file and releases the model in between (docs/benchmarks.md, "CPU: export memory").
-``check_artifacts`` is the whole check for files on disk: it reads what each artifact was exported for, refuses a
-checkpoint that is not the one an artifact came from and shapes outside the exported ranges (one line each), picks
-the shapes, and runs the two steps."""
+"""The parity check of an attnres checkpoint's artifacts on disk (docs/parity.md): ``attnres check`` and
+``attnres_export.api.check`` run ``check_artifacts``. It reads what each artifact was exported for, opens the
+checkpoint once (``models.store.open_checkpoint``), refuses a checkpoint that is not the one an artifact came from
+and shapes outside the exported ranges (one line each, before any weight is read), picks the shapes, and runs the
+steps of ``parity/session.py`` (references, judging, the routing-aware comparison) on the model that one opened
+checkpoint gives. The check ``attnres-export`` runs on the file it stages is ``parity/session.py: check_onnx``."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+import torch
 
 from attnres_export.backends.base import Runner
 from attnres_export.dims import DimRange, check_shapes, check_shapes_with_past
-from attnres_export.dtypes import HALF_PRECISION, Tolerance
+from attnres_export.dtypes import Tolerance
 from attnres_export.errors import ParityError
-from attnres_export.models.routing import traced_routing
-from attnres_export.parity.feeds import Subject, checkpoint_subject, has_past
+from attnres_export.parity.feeds import has_past
 from attnres_export.parity.metrics import tolerance_for
-from attnres_export.parity.report import Report, run_checks, run_reference
-from attnres_export.parity.routing import with_artifact_routing
-
-Shape = tuple[int, ...]
-Feeds = dict[str, np.ndarray]
-Status = Callable[[str], None]
+from attnres_export.parity.report import Report
+from attnres_export.parity.session import CheckSession
+from attnres_export.parity.types import ArtifactRun, References, Shape, Status
 
 PLAIN_DIMS = ("batch", "seq")
 PAST_DIMS = ("batch", "seq", "past")
@@ -67,93 +58,12 @@ class Artifact:
 
 
 @dataclass
-class References:
-    """The PyTorch side of a check: the feeds and outputs at every shape."""
-
-    shapes: list[Shape]
-    feeds: dict[Shape, Feeds]
-    expected: dict[Shape, Feeds]
-    """float32 PyTorch's outputs (with float64's expert choices where float64 ran)."""
-    exact: dict[Shape, Feeds] | None
-    """float64 PyTorch's outputs, the reference of the scaled bars (None: judged against float32 PyTorch)."""
-    choices: dict[Shape, list] = field(default_factory=dict)
-    """float64 PyTorch's own expert choices per shape (one ``[tokens, k]`` tensor per router call; none without
-    float64 or routers): what the float32 and 16-bit runs are forced to, and what the routing-aware comparison
-    starts from."""
-    same_type: dict[str, dict[Shape, Feeds]] = field(default_factory=dict)
-    """Per 16-bit type of the artifacts judged against float64: PyTorch's outputs computing in it, with float64's
-    expert choices (its arithmetic, not its flips), whose error scales those artifacts' bars."""
-
-    @property
-    def judged_against(self) -> tuple[str, dict[Shape, Feeds]]:
-        """The name and outputs every artifact is compared with."""
-        return ("pytorch-float64", self.exact) if self.exact is not None else ("pytorch-float32", self.expected)
-
-
-@dataclass
-class ArtifactRun:
-    """One artifact to judge: how to open it, its dtype (which picks the bar) and the references it is judged on."""
-
-    open: Callable[[], Runner]
-    dtype: str
-    tolerance: Tolerance
-    references: References
-
-
-@dataclass
 class CheckResult:
     report: Report
     artifacts: list[Artifact]
     references: list[References]
     """Per artifact, the references it was judged on (for a Polygraphy replay)."""
     shapes: list[Shape]
-
-
-def reference_outputs(subject: Subject, shapes: Sequence[Shape], status: Status = lambda _: None,
-                      dtypes: Sequence[str] = ()) -> References:
-    """Step 1: the PyTorch outputs (float32, and float64 when the subject has it) at every shape, with the feeds;
-    with float64, also PyTorch computing in each 16-bit type of ``dtypes`` (the artifacts' types). With float64,
-    float32 and the 16-bit types run with float64's expert choices: their error scales the bars, and a near-tie
-    they break the other way would widen a bar by a flip instead of by their arithmetic (docs/parity.md#pass-bars)."""
-    status("PyTorch references")
-    feeds = {shape: subject.feeds(shape) for shape in shapes}
-    if subject.precise is None:
-        return References(list(shapes), feeds, run_reference(subject.reference, shapes, feeds.__getitem__), None)
-    exact, choices = _routed_outputs(subject.precise, feeds)
-    expected = _routed_outputs(subject.reference, feeds, choices)[0]
-    same_type = {}
-    for dtype in dict.fromkeys(d for d in dtypes if d in HALF_PRECISION):
-        if subject.in_type is not None:
-            status(f"PyTorch in {dtype}")
-            same_type[dtype] = _routed_outputs(subject.in_type(dtype), feeds, choices)[0]
-    return References(list(shapes), feeds, expected, exact, choices, same_type)
-
-
-def _routed_outputs(runner: Runner, feeds: dict[Shape, Feeds], forced: dict[Shape, list] | None = None
-                    ) -> tuple[dict[Shape, Feeds], dict[Shape, list]]:
-    """``runner``'s outputs at every shape and its routers' expert choices (``forced`` ones where given)."""
-    outputs, choices = {}, {}
-    with runner:
-        for shape, shape_feeds in feeds.items():
-            with traced_routing(None if forced is None else forced[shape]) as trace:
-                outputs[shape] = runner.infer(shape_feeds)
-            choices[shape] = trace.chosen
-    return outputs, choices
-
-
-def judge_artifacts(runs: Sequence[ArtifactRun], status: Status = lambda _: None) -> Report:
-    """Step 2: every artifact on its references' feeds, each output judged against the float64 outputs at a bar
-    that scales with float32 PyTorch's own error (or against float32 PyTorch at the fixed bar). Each runner is
-    opened only for its own turn."""
-    report = Report()
-    for run in runs:
-        references = run.references
-        runner = run.open()
-        report.checks += run_checks(None, [(runner, run.dtype, run.tolerance)], references.shapes,
-                                    references.feeds.__getitem__, progress=status, expected=references.expected,
-                                    exact=references.exact, same_type=references.same_type.get(run.dtype)).checks
-        del runner
-    return report
 
 
 def default_shapes(dims: dict[str, list[int]], with_past: bool) -> list[Shape]:
@@ -209,7 +119,8 @@ def choose_shapes(artifacts: Sequence[Artifact], wanted: Sequence[Shape], max_se
 
 def refuse_other_model(artifact: Artifact, model, checkpoint: Path) -> None:
     """One line when ``artifact`` was not exported from ``model``: a recorded config that differs, a with-past
-    graph for a model without a KV cache, or inputs the model is not fed with."""
+    graph for a model without a KV cache, or inputs the model is not fed with. No weight of ``model`` is read
+    (``check_artifacts`` passes a ``weightless_model``)."""
     cfg = model.config
     ours = {key: getattr(cfg, key) for key in CONFIG_KEYS if hasattr(cfg, key)}
     theirs = {**{k: artifact.recorded[k] for k in CONFIG_KEYS if k in artifact.recorded},
@@ -317,7 +228,7 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
     """Check every ONNX file (on ONNX Runtime, ``ort_provider``) and TensorRT engine against ``checkpoint``'s
     PyTorch model on the same inputs. Plain and with-past graphs are checked in separate runs (they take
     different inputs). Raises ParityError (one line) for a mismatch found before running."""
-    from attnres_export.models import load_checkpoint
+    from attnres_export.models.store import open_checkpoint
 
     if not onnx and not engines:
         raise ParityError("nothing to check: pass at least one --onnx FILE or --engine FILE")
@@ -331,30 +242,33 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
                           "check them in separate runs")
     with_past = bool(past)
     status(f"loading {checkpoint}")
-    model, cfg = load_checkpoint(Path(checkpoint), dtype=None)
+    opened = open_checkpoint(Path(checkpoint))
+    weightless = weightless_model(opened.config)
     for artifact in artifacts:
-        refuse_other_model(artifact, model, Path(checkpoint))
-    run_shapes = choose_shapes(artifacts, shapes, cfg.max_seq_len)
-    by_feeds: dict[str | None, References] = {}
-    for artifact in artifacts:
-        key = artifact.dtype if with_past else None
-        if key not in by_feeds:
-            by_feeds[key] = reference_outputs(checkpoint_subject(model, with_past, artifact.dtype, seed), run_shapes,
-                                              status, [a.dtype for a in artifacts])
-    del model
-    gc.collect()
+        refuse_other_model(artifact, weightless, Path(checkpoint))
+    del weightless
+    run_shapes = choose_shapes(artifacts, shapes, opened.config.max_seq_len)
+    session = CheckSession(lambda: opened.model(None), seed, status)
+    by_feeds = session.references(run_shapes, with_past, [a.dtype for a in artifacts])
     runs = []
     for artifact in artifacts:
         references = by_feeds[artifact.dtype if with_past else None]
         refuse_other_shapes(artifact, references, Path(checkpoint))
-        runs.append(ArtifactRun(artifact.open, artifact.dtype, tolerance_for(artifact.dtype, tolerances), references))
-    report = judge_artifacts(runs, status)
-    for artifact, run in zip(artifacts, runs, strict=True):
-        if artifact.target is not None:  # an ONNX file: its routers' choices can be read (docs/parity.md)
-            report = with_artifact_routing(report, artifact.path, artifact.name, run.references,
-                                           lambda: load_checkpoint(Path(checkpoint), dtype=None)[0], run.tolerance,
-                                           status)
+        # an ONNX file: its routers' choices can be read (docs/parity.md#routing-aware-comparison)
+        routing = (artifact.path, artifact.name) if artifact.target is not None else None
+        runs.append(ArtifactRun(artifact.open, artifact.dtype, tolerance_for(artifact.dtype, tolerances), references,
+                                routing))
+    report = session.judge(runs)
     report.extra.update({"checkpoint": str(checkpoint), "seed": seed})
     if with_past:
         report.extra.update({"with_past": True, "shapes": "batch x seq x past"})
     return CheckResult(report, artifacts, [run.references for run in runs], run_shapes)
+
+
+def weightless_model(config) -> torch.nn.Module:
+    """``config``'s model on the meta device (no weights): what ``refuse_other_model`` reads (its config, inputs and
+    with-past graph), before any weight is read."""
+    from attnres_export.models.registry import build_model
+
+    with torch.device("meta"):
+        return build_model(config).eval()

@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from attnres_export.atomic import atomic_write, write_text_atomic
-from attnres_export.parity.check import Artifact, CheckResult, References
+from attnres_export.parity.check import Artifact, CheckResult
 from attnres_export.parity.report import Check
+from attnres_export.parity.types import References
 
 INPUTS_FILE = "inputs.json"
 OUTPUTS_FILE = "outputs.json"

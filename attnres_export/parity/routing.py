@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -40,16 +39,12 @@ from attnres_export.graphs.load import load_onnx
 from attnres_export.models.routing import RoutingTrace, traced_routing
 from attnres_export.parity.metrics import ErrorMetrics, compare, compare_scaled
 from attnres_export.parity.report import Check, Report
-
-if TYPE_CHECKING:  # parity/check.py imports this module
-    from attnres_export.parity.check import References
+from attnres_export.parity.types import Feeds, References, Shape
 
 TIE_FACTOR = 1.0
 """A flip is a tie when the chosen expert's float64 score is within ``TIE_FACTOR * rel_l2 bar`` of the k-th best,
 relative to the k-th best's unbiased score: the same relative error the artifact may make on any output."""
 CHOICE_PREFIX = "routing_choice."
-Shape = tuple[int, ...]
-Feeds = dict[str, np.ndarray]
 _ROUTER_SCOPE = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp$")
 
 
@@ -177,8 +172,8 @@ def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance:
     """Step 2: judge the ``dtype`` artifact's ``outputs`` against ``model`` in float64 forced to its ``choices``,
     at ``tolerance`` scaled by PyTorch's own error (float32's, and for a 16-bit artifact that of PyTorch in its
     type, from ``references``), and its flips against the tie bar. The plain float64 run, its choices and the
-    float32 and 16-bit runs with those choices come from ``references`` (parity/check.py: ``reference_outputs`` ran
-    them on the same feeds)."""
+    float32 and 16-bit runs with those choices come from ``references`` (parity/session.py: ``reference_outputs``
+    ran them on the same feeds)."""
     checks = []
     for shape, shape_feeds in references.feeds.items():
         exact, own_choices, float32 = references.exact[shape], references.choices[shape], references.expected[shape]
@@ -202,12 +197,12 @@ def routing_aware_checks(model: nn.Module, artifact: str, dtype: str, tolerance:
 
 
 def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, references: References,
-                          load_model: Callable[[], nn.Module], tolerance: Tolerance,
+                          reference_model: Callable[[], nn.Module], tolerance: Tolerance,
                           status: Callable[[str], None] = lambda _: None) -> Report:
     """``report`` itself when ``artifact_name``'s rows passed, or when ``artifact`` is no plain graph with routers
     judged against float64; otherwise the report with those rows judged by the routing-aware comparison instead
-    (its plain rows and the flips go to the JSON under ``routing_aware``). ``load_model`` is called after ONNX
-    Runtime has closed the artifact."""
+    (its plain rows and the flips go to the JSON under ``routing_aware``). ``reference_model`` (the model as
+    stored) is called after ONNX Runtime has closed the artifact."""
     plain = [check for check in report.checks if check.artifact == artifact_name]
     if all(check.ok for check in plain) or references.exact is None:
         return report
@@ -216,7 +211,7 @@ def with_artifact_routing(report: Report, artifact: Path, artifact_name: str, re
     status("routing-aware comparison: the artifact's own expert choices")
     outputs, choices = artifact_runs(Path(artifact), references.feeds)
     status("routing-aware comparison: PyTorch float64 with those choices")
-    checks = routing_aware_checks(load_model(), artifact_name, plain[0].dtype, tolerance, references, outputs,
+    checks = routing_aware_checks(reference_model(), artifact_name, plain[0].dtype, tolerance, references, outputs,
                                   choices)
     rows = [Check(check.shape, f"{plain[0].backend}+artifact-routing", artifact_name, plain[0].dtype,
                   {**check.metrics, choices_row(check): _regret_metrics(check)}) for check in checks]

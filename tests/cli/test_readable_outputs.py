@@ -29,10 +29,11 @@ from attnres_export.exporter.program_names import summarize_program
 from attnres_export.graphs.fusion import FusionResult, SiteOutcome
 from attnres_export.graphs.fusion.classify import ATTENTION
 from attnres_export.graphs.fusion.depth.pattern import ATTENTION_REASON, DEPTH
-from attnres_export.parity.check import Artifact, CheckResult, References
+from attnres_export.parity.check import Artifact, CheckResult
 from attnres_export.parity.metrics import ErrorMetrics
 from attnres_export.parity.polygraphy_io import save_replays
 from attnres_export.parity.report import Check, Report
+from attnres_export.parity.types import References
 from tests.graphs.fusion.foreign_models import StackEinsumLM
 from tests.graphs.fusion.helpers import save_program
 

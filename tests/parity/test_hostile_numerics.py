@@ -21,10 +21,11 @@ from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import load_checkpoint
 from attnres_export.models.decoder.example import write_example_folder
 from attnres_export.models.routing import RoutingTrace
-from attnres_export.parity.check import check_artifacts, reference_outputs
+from attnres_export.parity.check import check_artifacts
 from attnres_export.parity.feeds import checkpoint_subject
 from attnres_export.parity.metrics import compare
 from attnres_export.parity.routing import TIE_FACTOR, flip_regrets, run_routed
+from attnres_export.parity.session import reference_outputs
 from tests.parity.test_routing import near_tie_folder
 
 LOOSE = Tolerance(float("inf"), -1.0)

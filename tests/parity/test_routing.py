@@ -78,6 +78,18 @@ def test_a_half_export_that_breaks_near_ties_the_other_way_passes_on_its_own_rou
     assert all(c.backend.endswith("+artifact-routing") for c in report.checks)
 
 
+def test_the_routing_aware_comparison_reads_the_model_from_the_checkpoint_the_check_opened(near_tie_float16,
+                                                                                        monkeypatch):
+    """One open per command (parity/session.py): the references read the weights once, the routing-aware
+    comparison once more from the same open checkpoint; nothing loads the checkpoint from its path again."""
+    from tests.parity.test_session import Opened
+
+    opened = Opened(monkeypatch)
+    report = check_artifacts(*near_tie_float16[:1], [near_tie_float16[1]]).report
+    assert "routing_aware" in report.extra
+    assert (opened.opens, opened.models) == (1, 2)
+
+
 def test_an_artifact_whose_router_chooses_far_from_the_top_k_fails_though_its_logits_agree(tmp_path,
                                                                                           near_tie_float16):
     """Exported where experts 0 and 1 nearly tie (its float16 router picks either), checked against the model where
