@@ -40,14 +40,17 @@ def plan_of(model: nn.Module, with_past: bool, fuse_norm: bool) -> ExportPlan | 
 
 
 def export_planned(model: nn.Module, plan: ExportPlan, ranges: dict[str, DimRange], sizes: dict[str, int],
-                   dtype: str, opset: int, status: Callable[[str], None]) -> ir.Model:
+                   dtype: str, opset: int, status: Callable[[str], None],
+                   read: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ir.Model:
     """Trace each kind of piece of ``plan`` once (at the trace ``sizes``, dynamic over ``ranges``) and assemble the
-    model graph; ``model`` is the model in the export dtype, whose tensors the plan's pieces hold."""
+    model graph; ``model`` is the model in the export dtype, whose tensors the plan's pieces hold. ``read`` gives
+    the values of a tensor the model holds on the meta device (a streamed model, ``models.store``): such a tensor
+    is read when the staging writer writes it, so the graph holds none of the model's large tensors."""
     kinds = list(dict.fromkeys(p.kind for p in plan.pieces()))
     status(f"tracing {len(kinds)} kinds of piece once ({', '.join(kinds)}; {dtype}, opset {opset})")
     traced, template = trace_kinds(plan.pieces(), ranges, sizes, dtype, opset)
     status(f"assembling {len(plan.pieces())} pieces and {len(plan.steps) - len(plan.pieces())} nodes between them")
-    return assemble(plan, traced, model, dtype, template)
+    return assemble(plan, traced, model, dtype, template, read or _held)
 
 
 FOLDED = {
@@ -86,12 +89,18 @@ def _folding(kind: TracedKind) -> _Folding:
     return _Folding(nodes, list(dict.fromkeys(read)))
 
 
-def _folded_value(value: ir.Value, weights: dict[ir.Value, torch.Tensor]) -> torch.Tensor:
-    """``value`` computed from a copy's weights by the folded nodes that produce it."""
+def _folded_value(value: ir.Value, weights: dict[ir.Value, torch.Tensor],
+                  read: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``value`` computed from a copy's weights (read when on the meta device) by the folded nodes that produce
+    it."""
     if value in weights:
-        return weights[value]
+        return read(weights[value])
     node = value.producer()
-    return FOLDED[node.op_type](node, _folded_value(node.inputs[0], weights))
+    return FOLDED[node.op_type](node, _folded_value(node.inputs[0], weights, read))
+
+
+def _held(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _folded_root(value: ir.Value) -> tuple[ir.Value, list[str]]:
@@ -106,8 +115,9 @@ def _folded_root(value: ir.Value) -> tuple[ir.Value, list[str]]:
 class _Assembly:
     """The graph being built: values by plan name, nodes, initializers."""
 
-    def __init__(self, model: nn.Module, dtype: str) -> None:
+    def __init__(self, model: nn.Module, dtype: str, read: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.dtype = dtype
+        self.read_tensor = read
         self.names: dict[int, str] = {}
         for name, tensor in [*model.named_parameters(remove_duplicate=False),
                              *model.named_buffers(remove_duplicate=False)]:
@@ -154,7 +164,12 @@ class _Assembly:
                 raise ExportError(f"piece {piece.name} has a weight that is not a tensor of the model; the model's "
                                   "export plan is wrong (please report this)")
             name = self.names[key]
-            self.weights[key] = self.initializer(name, TorchTensor(tensor.detach(), name=name))
+            if tensor.is_meta:
+                stored = ComputedTensor(lambda: self.read_tensor(tensor), from_torch_dtype(tensor.dtype),
+                                        ir.Shape(tensor.shape), name)
+                self.weights[key] = self.initializer(name, stored)
+            else:
+                self.weights[key] = self.initializer(name, TorchTensor(tensor.detach(), name=name))
         return self.weights[key]
 
     def constant(self, value: ir.Value, piece: PlanPiece) -> ir.Value:
@@ -238,7 +253,8 @@ class _Assembly:
     def _folded(self, value: ir.Value, own: dict[ir.Value, torch.Tensor], piece: PlanPiece) -> ir.Value:
         root, ops = _folded_root(value)
         name = f"{self.names[id(own[root])]}.{'.'.join(ops)}"
-        tensor = ComputedTensor(lambda: _folded_value(value, own), value.dtype, ir.Shape(value.shape), name)
+        tensor = ComputedTensor(lambda: _folded_value(value, own, self.read_tensor), value.dtype,
+                                ir.Shape(value.shape), name)
         return self.initializer(name, tensor)
 
     def aggregate(self, step: PlanAggregate) -> None:
@@ -302,10 +318,10 @@ def _few(items: list) -> str:
 
 
 def assemble(plan: ExportPlan, traced: dict[str, TracedKind], model: nn.Module, dtype: str,
-             template: ir.Model) -> ir.Model:
+             template: ir.Model, read: Callable[[torch.Tensor], torch.Tensor] = _held) -> ir.Model:
     """The model graph of ``plan``: its inputs, every step in order, its outputs (``template``: the combined trace,
     for the opsets and producer fields)."""
-    assembly = _Assembly(model, dtype)
+    assembly = _Assembly(model, dtype, read)
     inputs = [assembly.graph_input(spec) for spec in plan.inputs]
     foldings = {kind: _folding(traced_kind) for kind, traced_kind in traced.items()}
     for step in plan.steps:

@@ -19,7 +19,6 @@ import torch
 
 from attnres_export import __version__
 from attnres_export.atomic import check_outputs, temporary_dir_beside
-from attnres_export.backends.onnxruntime.runner import OnnxRuntimeRunner
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import export_planned, plan_of
@@ -37,16 +36,14 @@ from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
-from attnres_export.models import load_checkpoint
-from attnres_export.models.base import fingerprint
-from attnres_export.models.checkpoint import model_as, stored_as
+from attnres_export.models.checkpoint import model_as
 from attnres_export.models.registry import architecture_of
+from attnres_export.models.store import Checkpoint, open_checkpoint
 from attnres_export.ops.opset import OPSET_VERSION
-from attnres_export.parity.check import ArtifactRun, References, default_shapes, judge_artifacts, reference_outputs
-from attnres_export.parity.feeds import checkpoint_subject
+from attnres_export.parity.check import default_shapes
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report
-from attnres_export.parity.routing import with_artifact_routing
+from attnres_export.parity.session import check_onnx
 
 
 @dataclass
@@ -61,25 +58,26 @@ class _Job:
     metadata: dict
     expected_nodes: int
     shapes: list[tuple[int, ...]]
-    reference_model: Callable[[], torch.nn.Module]
-    with_past: bool
-    """Which graph the check feeds (parity/feeds.py: checkpoint_subject)."""
     report_extra: dict
 
 
-def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None) -> ExportResult:
-    """Export ``opts.source``; raises AttnresError subclasses with one-line messages on bad input.
+def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambda _: None,
+                      checkpoint: Checkpoint | None = None) -> ExportResult:
+    """Export ``opts.source`` (``checkpoint``: that source, already opened by the caller); raises AttnresError
+    subclasses with one-line messages on bad input.
 
-    Memory (docs/benchmarks.md, "CPU: export memory"): the checkpoint is loaded in its stored types and traced
-    without a copy when it is stored in the export dtype (``_models``); the traced weights go straight to the
-    staging folder's data file; the PyTorch references run before ONNX Runtime opens the staged file, and the
-    model is released between."""
+    The checkpoint is opened once and read tensor by tensor (``models.store``): an assembled export leaves every
+    large tensor in the file until the staging writer copies it to the data file, so the export holds about one
+    tensor at a time (docs/benchmarks.md, "CPU: export memory"); the PyTorch references read the model again from
+    the open checkpoint after the traced graph is released, before ONNX Runtime opens the staged file."""
     validate_options(opts)
     out = opts.resolved_output()
     check_outputs(export_outputs(out), {"MODEL": opts.source})
     refuse_default_output_of_another_source(opts)
     status(f"loading {opts.source}")
-    job = _job(*_models(opts), opts)
+    if checkpoint is None:
+        checkpoint = open_checkpoint(opts.source)
+    job = _job(*_models(opts, checkpoint), opts)
     with temporary_dir_beside(out) as folder, collecting_new_objects_only():
         stage = Stage(folder, out.name)
         traced = job.trace(status)
@@ -95,15 +93,11 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         del graph
         report = None
         if opts.check:
-            references = _reference_outputs(job, opts, status)
-            report_extra = job.report_extra
+            shapes, report_extra = job.shapes, job.report_extra
             del job
             collect_everything()
-            report = _check_staged(stage.path, out.name, references, opts, status)
-            report = with_artifact_routing(report, stage.path, out.name, references,
-                                           lambda: load_checkpoint(opts.source, dtype=None)[0],
-                                           tolerance_for(opts.dtype, opts.tolerances),
-                                           lambda what: status(f"parity: {what}"))
+            report = check_onnx(stage.path, out.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype,
+                                opts.seed, shapes, tolerance_for(opts.dtype, opts.tolerances), status)
             report.extra.update(report_extra)
         target = out if report is None or report.ok else failed_path(out)
         status(f"checking and writing {target}")
@@ -113,53 +107,73 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     return ExportResult(target, files, fused, fused, report, fused_by_type)
 
 
-def _models(opts: ExportOptions) -> tuple[torch.nn.Module, Callable[[], torch.nn.Module], Any, str]:
-    """The model to trace, how to get the reference model, the config, and the model's fingerprint (of the weights
+def _models(opts: ExportOptions, checkpoint: Checkpoint
+            ) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor], Any, str]:
+    """The model to trace, how to read one of its tensors, the config, and the model's fingerprint (of the weights
     as stored, so that every export of one checkpoint records the same identity).
 
-    A checkpoint stored in the export dtype is one model for both. Otherwise the stored weights and the cast
-    ones are never resident together: the traced model is loaded cast (the file mapped group by group), and the
-    reference is mapped again when the references run, after the traced model is gone."""
-    model, cfg = load_checkpoint(opts.source, dtype=None)
-    model_id = fingerprint(model)
-    if stored_as(model, opts.dtype):
-        return model, lambda: model, cfg, model_id
-    model = None  # the stored weights go before the cast copy is made
-    traced, _ = load_checkpoint(opts.source, dtype=opts.dtype)
-    return traced, lambda: load_checkpoint(opts.source, dtype=None)[0], cfg, model_id
+    A model with an export plan is traced with its large tensors left in the checkpoint (``streamed_model``), each
+    read when the staging writer writes it; one traced whole is built in the export dtype."""
+    model_id = checkpoint.fingerprint()
+    streamed = checkpoint.streamed_model(opts.dtype)
+    _refuse_fuse_norm_without_aggregations(streamed.module, opts)
+    planned = not opts.trace_whole and plan_of(streamed.module, with_past=opts.with_past,
+                                               fuse_norm=opts.fuse_norm) is not None
+    if planned:
+        traced, read = streamed.module, streamed.read
+    else:
+        del streamed
+        traced, read = checkpoint.model(opts.dtype), _as_held
+    return traced, read, checkpoint.config, model_id
 
 
-def _job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any, model_id: str,
+def _refuse_fuse_norm_without_aggregations(model: torch.nn.Module, opts: ExportOptions) -> None:
+    if opts.fuse_norm and not (architecture_of(model).capabilities.fuse_norm and model.aggregation_count()):
+        raise ExportError(f"--fuse-norm: this {model.config.arch} model has no depth aggregations to fuse with their "
+                          "norm; drop --fuse-norm")
+
+
+def _as_held(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _job(traced: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], cfg: Any, model_id: str,
          opts: ExportOptions) -> _Job:
-    if opts.fuse_norm and not (architecture_of(traced).capabilities.fuse_norm and traced.aggregation_count()):
-        raise ExportError(f"--fuse-norm: this {cfg.arch} model has no depth aggregations to fuse with their norm; "
-                          "drop --fuse-norm")
     if opts.with_past:
-        return _with_past_job(traced, reference_model, cfg, model_id, opts)
+        return _with_past_job(traced, read, cfg, model_id, opts)
+    ranges = _ranges(cfg, opts)
+    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
+    dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
+               for name, axes in traced.input_axes.items()}
+    metadata = {"arch": cfg.arch, "inputs": inputs, "config": cfg.to_dict(), "model_id": model_id}
+    return _Job(ranges, lambda status: _export(traced, read, ranges, dynamic, opts, status), dynamic, metadata,
+                traced.fused_node_count(), _check_shapes(ranges, False), {})
+
+
+def _ranges(cfg: Any, opts: ExportOptions) -> dict[str, DimRange]:
+    """The dims of the graph ``opts`` asks for: batch and seq, and with ``--with-past`` past and total."""
+    if opts.with_past:
+        from attnres_export.exporter.with_past import with_past_ranges
+
+        return with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
     if opts.past is not None:
         raise ExportError("--past needs --with-past")
     seq = opts.seq or DimRange(1, min(64, cfg.max_seq_len), cfg.max_seq_len)
     if seq.max > cfg.max_seq_len:
         raise ExportError(f"--seq max {seq.max} exceeds the model's max_seq_len {cfg.max_seq_len}; lower it")
-    ranges = {"batch": opts.batch, "seq": seq}
-    inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
-    dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
-               for name, axes in traced.input_axes.items()}
-    metadata = {"arch": cfg.arch, "inputs": inputs, "config": cfg.to_dict(), "model_id": model_id}
-    return _Job(ranges, lambda status: _export(traced, ranges, dynamic, opts, status), dynamic, metadata,
-                traced.fused_node_count(), _check_shapes(ranges, False), reference_model, False, {})
+    return {"batch": opts.batch, "seq": seq}
 
 
-def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.nn.Module], cfg: Any,
-                   model_id: str, opts: ExportOptions) -> _Job:
-    from attnres_export.exporter.with_past import dynamic_dims_with_past, export_with_past, with_past_ranges
+def _with_past_job(traced: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], cfg: Any, model_id: str,
+                   opts: ExportOptions) -> _Job:
+    from attnres_export.exporter.with_past import dynamic_dims_with_past, export_with_past
     from attnres_export.models.base import step_input_axes
 
     wrapper = traced.with_past()
     if wrapper is None:
         raise ExportError(f"--with-past: {cfg.arch} models have no KV cache (encoders and models without decode "
                           "state); drop --with-past")
-    ranges = with_past_ranges(opts.batch, opts.seq, opts.past, cfg.max_seq_len)
+    ranges = _ranges(cfg, opts)
     cache = wrapper.cache_inputs()
     metadata = {"arch": cfg.arch, "with_past": True, "inputs": step_input_axes(cache),
                 "cache": [{"name": c.name, "present": c.present, "axes": list(c.axes), "dtype": c.dtype}
@@ -168,8 +182,8 @@ def _with_past_job(traced: torch.nn.Module, reference_model: Callable[[], torch.
                 "model_id": model_id, **wrapper.metadata()}
     dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
     return _Job(ranges, lambda status: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
-                                                        opts.fuse_norm, opts.trace_whole, status)[0], dynamic,
-                metadata, traced.fused_node_count(), _check_shapes(ranges, True), reference_model, True,
+                                                        opts.fuse_norm, opts.trace_whole, status, read)[0], dynamic,
+                metadata, traced.fused_node_count(), _check_shapes(ranges, True),
                 {"with_past": True, "shapes": "batch x seq x past"})
 
 
@@ -197,29 +211,16 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportO
     return onnx_model, fused, fused_by_type
 
 
-def check_export(model: torch.nn.Module, path: Path, opts: ExportOptions,
+def check_export(checkpoint: Checkpoint, path: Path, opts: ExportOptions,
                  status: Callable[[str], None] = lambda _: None) -> Report:
-    """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path``."""
-    job = _job(model, lambda: model, model.config, fingerprint(model), opts)
-    return _check_staged(path, path.name, _reference_outputs(job, opts, status), opts, status)
+    """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path`` against the
+    open ``checkpoint``."""
+    shapes = _check_shapes(_ranges(checkpoint.config, opts), opts.with_past)
+    return check_onnx(path, path.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype, opts.seed, shapes,
+                      tolerance_for(opts.dtype, opts.tolerances), status)
 
 
-def _reference_outputs(job: _Job, opts: ExportOptions, status: Callable[[str], None]) -> References:
-    """Step 1 of the check (parity/check.py), on the reference model of ``job`` at its check shapes."""
-    subject = checkpoint_subject(job.reference_model(), job.with_past, opts.dtype, opts.seed)
-    return reference_outputs(subject, job.shapes, lambda what: status(f"parity: {what}"), [opts.dtype])
-
-
-def _check_staged(path: Path, artifact: str, references: References, opts: ExportOptions,
-                  status: Callable[[str], None]) -> Report:
-    """Step 2 of the check: the staged ONNX on ONNX Runtime CPU against the PyTorch outputs, at a bar that scales
-    with float32 PyTorch's own error when there are float64 outputs (docs/parity.md#pass-bars)."""
-    run = ArtifactRun(lambda: OnnxRuntimeRunner(path, artifact=artifact), opts.dtype,
-                      tolerance_for(opts.dtype, opts.tolerances), references)
-    return judge_artifacts([run], lambda what: status(f"parity: {what}"))
-
-
-def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
+def _export(model: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], ranges: dict[str, DimRange],
             dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions,
             status: Callable[[str], None]) -> ir.Model:
     """The ONNX model of ``model`` in the export dtype (the model itself when its weights are stored in it: no
@@ -228,7 +229,7 @@ def _export(model: torch.nn.Module, ranges: dict[str, DimRange],
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
     plan = None if opts.trace_whole else plan_of(export_model, with_past=False, fuse_norm=opts.fuse_norm)
     if plan is not None:
-        return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status)
+        return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status, read)
     status(f"tracing the whole model ({opts.dtype}, opset {opts.opset})")
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}

@@ -25,6 +25,7 @@ from attnres_export.exporter.options import (
     refuse_default_output_of_another_source,
     validate_options,
 )
+from attnres_export.models.store import Checkpoint
 
 
 def model_kind(path: Path) -> str:
@@ -46,12 +47,13 @@ def model_kind(path: Path) -> str:
     return "checkpoint"
 
 
-def export_any(opts: ExportOptions, foreign: ForeignOptions,
-               status: Callable[[str], None] = lambda _: None) -> ExportResult:
-    """Export an attnres checkpoint as before, or a foreign model through pattern fusion."""
+def export_any(opts: ExportOptions, foreign: ForeignOptions, status: Callable[[str], None] = lambda _: None,
+               checkpoint: Checkpoint | None = None) -> ExportResult:
+    """Export an attnres checkpoint (``checkpoint``: the source, already opened by the caller), or a foreign model
+    through pattern fusion."""
     kind = model_kind(opts.source)
     if kind == "checkpoint":
-        return export_checkpoint(opts, status)
+        return export_checkpoint(opts, status, checkpoint)
     if opts.with_past or opts.past is not None:
         raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
                           f"{opts.source.name} is a foreign model ({kind}), which is exported as it is")

@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
-from attnres_export.exporter.export import export_any
+from attnres_export.exporter.export import export_any, model_kind
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_attention import group_query_attention
 from attnres_export.exporter.genai_config import genai_config
@@ -41,6 +41,7 @@ from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
+from attnres_export.models.store import open_checkpoint
 
 
 def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
@@ -53,7 +54,8 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     with temporary_dir_beside(folder) as scratch:
         staged = scratch / "folder"
         staged.mkdir()  # under the umask, as a folder made by hand (the scratch folder itself is private)
-        result = export_any(replace(opts, output=staged / MODEL_FILE, check=False), foreign, status)
+        checkpoint = open_checkpoint(opts.source) if model_kind(opts.source) == "checkpoint" else None
+        result = export_any(replace(opts, output=staged / MODEL_FILE, check=False), foreign, status, checkpoint)
         status(f"writing {CONFIG_FILE}")
         path = staged / MODEL_FILE
         model = onnx.load(str(path), load_external_data=False)
@@ -68,9 +70,8 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
         report = None
         if opts.check:
             from attnres_export.exporter.checkpoint import check_export
-            from attnres_export.models import load_checkpoint
 
-            report = check_export(load_checkpoint(opts.source, dtype=None)[0], path, opts, status)
+            report = check_export(checkpoint, path, opts, status)
         target = folder if report is None or report.ok else failed_folder(folder)
         _move_into_place(staged, target, scratch)
     if report is not None:

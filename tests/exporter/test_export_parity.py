@@ -15,7 +15,7 @@ from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.onnx_utils import attnres_nodes
 from attnres_export.graphs.save import save_onnx_atomic
 from attnres_export.graphs.targets import convert
-from attnres_export.models import load_checkpoint
+from attnres_export.models.store import open_checkpoint
 from attnres_export.ops.onnx_nodes import attribute
 from tests.conftest import slow_after, write_checkpoint
 
@@ -68,9 +68,9 @@ def test_export_matches_pytorch_on_onnx_runtime(exported, checkpoints, tmp_path,
     if target == "portable":
         path = tmp_path / f"{name}.portable.onnx"
         save_onnx_atomic(convert(onnx.load(str(result.path)), "portable"), path)
-        model, _ = load_checkpoint(checkpoints[name])
-        report = check_export(model, path, ExportOptions(checkpoints[name], path, target=target, dtype=dtype,
-                                                         batch=RANGES["batch"], seq=RANGES["seq"]))
+        options = ExportOptions(checkpoints[name], path, target=target, dtype=dtype, batch=RANGES["batch"],
+                                seq=RANGES["seq"])
+        report = check_export(open_checkpoint(checkpoints[name]), path, options)
     assert report is not None and report.ok, report.to_dict()
     assert [c.shape for c in report.checks] == [[2, 5], [3, 1]]
     model = onnx.load(str(path))
