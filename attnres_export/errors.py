@@ -11,6 +11,11 @@ class CheckpointError(AttnresError):
     """A checkpoint file that is not a valid attnres checkpoint."""
 
 
+class PickledModelError(CheckpointError):
+    """A ``.pt`` that holds pickled Python objects (a whole ``nn.Module``): only unpickling, which runs code from the
+    file, reads it (``--trust-pickle``)."""
+
+
 class ExportError(AttnresError):
     """A model or option the exporter cannot turn into ONNX."""
 

@@ -22,7 +22,7 @@ from attnres_export.atomic import check_outputs, temporary_dir_beside
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import export_planned, plan_of
-from attnres_export.exporter.collection import collect_everything, collecting_new_objects_only
+from attnres_export.exporter.collection import collecting_new_objects_only
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
@@ -43,7 +43,7 @@ from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.check import default_shapes
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report
-from attnres_export.parity.session import check_onnx
+from attnres_export.parity.session import check_onnx, collect_all_garbage
 
 
 @dataclass
@@ -95,7 +95,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         if opts.check:
             shapes, report_extra = job.shapes, job.report_extra
             del job
-            collect_everything()
+            collect_all_garbage()
             report = check_onnx(stage.path, out.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype,
                                 opts.seed, shapes, tolerance_for(opts.dtype, opts.tolerances), status)
             report.extra.update(report_extra)

@@ -24,10 +24,3 @@ def collecting_new_objects_only() -> Iterator[None]:
     finally:
         gc.unfreeze()
 
-
-def collect_everything() -> None:
-    """A full collection of every object, frozen ones too: for garbage that may hold weights created before the
-    block (the model the parity check's references have finished with)."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()

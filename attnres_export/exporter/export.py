@@ -7,15 +7,11 @@ written elsewhere (``.pt2`` program, ONNX file, trusted pickle) through ``export
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from attnres_export.atomic import check_outputs
-from attnres_export.errors import ExportError
+from attnres_export.errors import ExportError, PickledModelError
 from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.foreign import ForeignOptions, export_source, load_foreign
 from attnres_export.exporter.options import (
@@ -29,21 +25,12 @@ from attnres_export.models.store import Checkpoint
 
 
 def model_kind(path: Path) -> str:
-    """``onnx``, ``program`` (.pt2), ``pickle`` (a whole pickled object) or ``checkpoint`` (anything else).
-
-    The peek is memory-mapped, so an ordinary checkpoint is not read twice."""
+    """``onnx``, ``program`` (.pt2) or ``checkpoint`` (anything else: a ``.pt`` that turns out to hold a whole
+    pickled object is found when it is opened, ``PickledModelError``)."""
     if path.suffix == ".onnx":
         return "onnx"
     if path.suffix == ".pt2":
         return "program"
-    if not path.is_file():
-        return "checkpoint"
-    try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as exc:
-        return "pickle" if "Unsupported global" in str(exc) else "checkpoint"
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError, UnicodeDecodeError):
-        return "checkpoint"  # the checkpoint loader says, in one line, what is wrong with it
     return "checkpoint"
 
 
@@ -53,7 +40,10 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions, status: Callable[[s
     through pattern fusion."""
     kind = model_kind(opts.source)
     if kind == "checkpoint":
-        return export_checkpoint(opts, status, checkpoint)
+        try:
+            return export_checkpoint(opts, status, checkpoint)
+        except PickledModelError:
+            kind = "pickle"
     if opts.with_past or opts.past is not None:
         raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
                           f"{opts.source.name} is a foreign model ({kind}), which is exported as it is")

@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
+from attnres_export.errors import PickledModelError
 from attnres_export.exporter.export import export_any, model_kind
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_attention import group_query_attention
@@ -41,7 +42,7 @@ from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
-from attnres_export.models.store import open_checkpoint
+from attnres_export.models.store import Checkpoint, open_checkpoint
 
 
 def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
@@ -54,7 +55,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     with temporary_dir_beside(folder) as scratch:
         staged = scratch / "folder"
         staged.mkdir()  # under the umask, as a folder made by hand (the scratch folder itself is private)
-        checkpoint = open_checkpoint(opts.source) if model_kind(opts.source) == "checkpoint" else None
+        checkpoint = _opened(opts.source)
         result = export_any(replace(opts, output=staged / MODEL_FILE, check=False), foreign, status, checkpoint)
         status(f"writing {CONFIG_FILE}")
         path = staged / MODEL_FILE
@@ -79,6 +80,17 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
                              "group_query_attention": f"{rewrite.layers} of {rewrite.of} layers",
                              "simplified_layer_norms": rewrite.norms})
     return replace(result, path=target, files=sorted(target.iterdir()), report=report)
+
+
+def _opened(source: Path) -> Checkpoint | None:
+    """``source`` opened once for the export and its check; None for a model written elsewhere (the export says
+    in one line why it has no with-past form)."""
+    if model_kind(source) != "checkpoint":
+        return None
+    try:
+        return open_checkpoint(source)
+    except PickledModelError:
+        return None
 
 
 @dataclass

@@ -93,7 +93,7 @@ def check_onnx(path: Path, artifact_name: str, reference_model: Callable[[], nn.
 def collect_all_garbage() -> None:
     """A full collection, of objects the caller froze too (``exporter/collection.py: collecting_new_objects_only``
     freezes everything alive when an export starts, the reference model's modules among them): what
-    ``exporter/collection.py: collect_everything`` does, for callers with and without frozen objects."""
+    the export's own check needs before ONNX Runtime opens its file; for callers with and without frozen objects."""
     if not gc.get_freeze_count():
         gc.collect()
         return

@@ -139,3 +139,17 @@ def test_a_genai_folder_with_its_check_opens_the_checkpoint_folder_once(tmp_path
                           tmp_path / "genai", ForeignOptions())
     assert result.report is not None and result.report.ok
     assert opened == [folder]
+
+
+def test_a_hugging_face_cache_snapshot_of_links_into_its_blob_store_reads_like_the_folder(tmp_path):
+    folder = _published_moe_folder(tmp_path / "moe", seed=5)
+    blobs, snapshot = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for index, file in enumerate(sorted(folder.iterdir())):
+        blob = blobs / f"sha256-{index:04d}"
+        blob.write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(blob)
+    linked, plain = open_checkpoint(snapshot), open_checkpoint(folder)
+    assert linked.fingerprint() == plain.fingerprint()
+    assert set(linked.tensors) == set(plain.tensors)

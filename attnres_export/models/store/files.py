@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from attnres_export.errors import CheckpointError
+from attnres_export.errors import CheckpointError, PickledModelError
 from attnres_export.models.store.tensors import StoredTensor, check_stored_type
 
 FORMAT = "attnres-checkpoint"
@@ -70,7 +70,8 @@ def read_payload(path: Path) -> dict:
         if found is None and not _is_pickle_stream(path):
             raise CheckpointError(f"{path}: not a PyTorch checkpoint (corrupted, or another format)") from exc
         what = f"pickled Python objects ({found.group(1)})" if found else "a raw pickle stream"
-        raise CheckpointError(
+        refusal = PickledModelError if found else CheckpointError  # a whole object the foreign exporter may unpickle
+        raise refusal(
             f"{path}: holds {what}, which needs full unpickling, and unpickling runs code from the file, so "
             f"attnres does not do it. If this is a whole nn.Module you trust, `attnres-export {path.name} "
             "--trust-pickle --example-shape ...` unpickles it and fuses its aggregations by pattern; otherwise save "
