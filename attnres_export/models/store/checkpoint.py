@@ -63,7 +63,7 @@ class Checkpoint:
         state = {}
         with single_threaded():
             for name, stored in self.tensors.items():
-                if stored.dim() <= 1 or stored.numel() * wanted[name].itemsize <= RESIDENT_BYTES:
+                if _is_vector(stored) or stored.numel() * wanted[name].itemsize <= RESIDENT_BYTES:
                     state[name] = stored.read(wanted[name])
                 else:
                     state[name] = torch.empty(stored.shape, dtype=wanted[name], device="meta")
@@ -119,6 +119,11 @@ def open_checkpoint(path: Path) -> Checkpoint:
     _check_sizes_before_building(cfg, tensors, path)
     _check_fits(_meta_model(cfg), tensors, path)
     return Checkpoint(path, cfg, tensors)
+
+
+def _is_vector(stored: StoredTensor) -> bool:
+    """At most one dimension over 1 (``[D]``, a pseudo-query ``[1, D]``, ``A_log`` ``[1, 1, H, 1]``)."""
+    return stored.numel() == max(stored.shape, default=1)
 
 
 def _meta_model(cfg: Any) -> nn.Module:
