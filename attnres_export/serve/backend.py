@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnres_export.serve.dependencies import ServeError, require, server_environment
-from attnres_export.serve.proxy_patches import patch_proxy, patch_server_start
+from attnres_export.serve.proxy_patches import patch_proxy, patch_server_start, triton_output
 from attnres_export.serve.wire import one_line
 
 STUB = "triton_python_backend_stub"
@@ -189,7 +189,8 @@ class TritonBackend:
     died, the server stopped answering) or ``None``; ``stop`` stops it all (idempotent)."""
 
     def __init__(self, model: str, signature, infer_functions: list, workspace: Path, exit_timeout_s: int,
-                 max_queue_delay_us: int, on_folder: Callable[[Path], None] = lambda _: None) -> None:
+                 max_queue_delay_us: int, on_folder: Callable[[Path], None] = lambda _: None,
+                 on_output: Callable[[bytes | str], None] | None = None) -> None:
         self.model = model
         self.signature = signature
         self.infer_functions = infer_functions
@@ -198,6 +199,8 @@ class TritonBackend:
         self.max_queue_delay_us = max_queue_delay_us
         self.on_folder = on_folder
         """Told each folder Triton makes for the model, as soon as it is seen (workspace.leftover)."""
+        self.on_output = on_output
+        """Given Triton's output as it comes, in chunks (triton_log.TritonLog.feed; ``None``: PyTriton prints it)."""
         self.triton = None
         self.watched: list[Process] = []
         self.health: HealthWatch | None = None
@@ -250,7 +253,7 @@ class TritonBackend:
 
         def run() -> None:
             try:
-                with own_process_group():
+                with own_process_group(), triton_output(self.on_output):
                     self.triton.run()
             except BaseException as exc:  # reported by the waiting thread
                 failure.append(exc)

@@ -1,6 +1,6 @@
 """Fixes to PyTriton: two to the proxy it runs on both sides of Triton's Python backend, in the files it sends
-Triton (``Model.get_proxy_model_files``) and in its tensor store in this process (``TensorStore``); one to where it
-starts ``tritonserver`` (``TritonServer.start``).
+Triton (``Model.get_proxy_model_files``) and in its tensor store in this process (``TensorStore``); two to how it
+starts ``tritonserver`` (``TritonServer.start``): where, and where its output goes.
 
 - **A longer handshake wait.** PyTriton's Python-backend proxy (0.7.0, and the releases before it) has every model
   instance after the first wait 1 s for the first instance's handshake socket (``get_config_from_handshake_server``,
@@ -16,6 +16,8 @@ starts ``tritonserver`` (``TritonServer.start``).
   every Python-backend stub and tensor store it starts, whose interpreters put it first on sys.path: measured with
   PyTriton 0.7.0, the stubs imported ``json``, ``multiprocessing`` and ``triton_python_backend_utils``, and the
   tensor store ``json`` and ``numpy``, from the folder the command was run from. It starts in TRITON_CWD instead.
+- **Its output to us.** PyTriton printed every chunk of Triton's output itself; a server started inside
+  ``triton_output(sink)`` sends it to ``sink`` instead (triton_log.py: harmless lines out, start-up held).
 
 The proxy's texts are matched exactly, so a PyTriton whose proxy reads differently is left alone (the supervisor's start
 retries remain; a zero-size request then fails as before).
@@ -23,6 +25,8 @@ retries remain; a zero-size request then fails as before).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from functools import wraps
 
@@ -40,6 +44,18 @@ ONE_SECOND, PATIENT = FILE_PATCHES["communication.py"][0]
 ZERO_SIZE_CAST, EMPTY_FRAME_CAST = FILE_PATCHES["data.py"][0]
 TRITON_CWD = "/"
 """The working directory of ``tritonserver`` and all it starts: no Python module there, and only root writes it."""
+_output = threading.local()
+"""``sink``: where the output of a server started on this thread goes (PyTriton's reader calls it with each chunk)."""
+
+
+@contextlib.contextmanager
+def triton_output(sink: Callable[[bytes | str], None] | None):
+    """A ``tritonserver`` this thread starts meanwhile sends its output to ``sink`` (``None``: PyTriton prints it)."""
+    _output.sink = sink
+    try:
+        yield
+    finally:
+        _output.sink = None
 
 
 def patched_files(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -72,10 +88,15 @@ def patch_proxy(model_class: type, tensor_store_class: type) -> None:
 
 def _started_in(folder: str) -> Callable[[Callable], Callable]:
     """``TritonServer.start`` with ``folder`` as the working directory of the process it starts: PyTriton starts
-    ``tritonserver`` through ``sh``, whose commands take it from ``sh.Command``'s defaults when not given."""
+    ``tritonserver`` through ``sh``, whose commands take it from ``sh.Command``'s defaults when not given; and its
+    output to this thread's ``triton_output`` sink (PyTriton hands ``sh`` its ``_record_logs`` as the reader)."""
     def wrap(original: Callable) -> Callable:
         def start(self) -> None:
             import sh
+
+            sink = getattr(_output, "sink", None)
+            if sink is not None:
+                self._record_logs = sink
 
             defaults = sh.Command._call_args
             saved, defaults["cwd"] = defaults["cwd"], folder
@@ -88,5 +109,6 @@ def _started_in(folder: str) -> Callable[[Callable], Callable]:
 
 
 def patch_server_start(server_class: type) -> None:
-    """Patch PyTriton's ``TritonServer`` to start ``tritonserver`` in TRITON_CWD, once."""
+    """Patch PyTriton's ``TritonServer`` to start ``tritonserver`` in TRITON_CWD (its output to ``triton_output``),
+    once."""
     _once(server_class, "start", _started_in(TRITON_CWD))

@@ -10,7 +10,8 @@ Triton's health, and replaces the backend when one dies or Triton stops answerin
 meanwhile). The server stops cleanly when ``stop`` is set (the command sets it on SIGINT/SIGTERM): readiness and
 new requests answer 503, the front drains the requests in flight (at most ``drain_s``), then the server process
 and its Python-backend stubs exit and the workspace is removed (workspace.py; by its guard if this process is
-killed).
+killed). Triton's own output is passed on without its known-harmless lines, and a start's output only after the
+line that says where the model is served (triton_log.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from attnres_export.serve.dependencies import ServeError, require
 from attnres_export.serve.front import Front, FrontState
 from attnres_export.serve.limits import RequestLimits, engine_limits, onnx_limits
 from attnres_export.serve.signature import Signature, engine_signature, is_engine, onnx_signature
+from attnres_export.serve.triton_log import TritonLog, quiet_grpc, write_stdout
 from attnres_export.serve.workspace import ServeWorkspace
 
 MODEL_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -54,6 +56,8 @@ class ServeOptions:
     """How long Triton waits for its own in-flight requests when it is stopped (``--exit-timeout-secs``)."""
     drain_s: float = 10.0
     """How long a stop waits for the front's requests in flight to be answered before it cuts them off."""
+    show_harmless_log: bool = False
+    """Show Triton's known-harmless start-up lines too (triton_log.HARMLESS; they are always in the debug log)."""
 
 
 MAX_RESTARTS = 3
@@ -246,13 +250,18 @@ class Supervisor:
     ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``); the front reports not-ready while it is replaced.
 
     A start that fails is tried again, up to ``START_ATTEMPTS`` times (a loaded machine made PyTriton's
-    instance handshake miss its deadline before handshake.py lengthened it)."""
+    instance handshake miss its deadline before handshake.py lengthened it).
+
+    Each start's Triton output is held in ``output`` until the server has said that it serves (``on_ready``, or
+    the event that it serves again), or until the start failed: its log comes before the error."""
 
     def __init__(self, served: ServedModel, options: ServeOptions, state: FrontState, workspace: ServeWorkspace,
-                 on_event: Callable[[str], None], make_backend: Callable[..., TritonBackend] = TritonBackend) -> None:
+                 on_event: Callable[[str], None], make_backend: Callable[..., TritonBackend] = TritonBackend,
+                 output: TritonLog | None = None) -> None:
         self.served, self.options, self.state, self.workspace = served, options, state, workspace
         self.on_event = on_event
         self.make_backend = make_backend
+        self.output = output if output is not None else TritonLog(show_harmless=options.show_harmless_log)
         self.backend: TritonBackend | None = None
         self.generation = 0
         self.infer_functions = [infer_function(r, served.signature) for r in served.runners]
@@ -260,13 +269,16 @@ class Supervisor:
     def start(self, stop: threading.Event):
         """A started backend's addresses (``None``: ``stop`` was set first), trying up to ``START_ATTEMPTS``."""
         for attempt in range(1, START_ATTEMPTS + 1):
+            self.output.hold()
             self.backend = self.make_backend(self.served.name, self.served.signature, self.infer_functions,
                                              self.workspace.generation(self.generation), self.options.exit_timeout_s,
-                                             self.options.max_queue_delay_us, self.workspace.leftover)
+                                             self.options.max_queue_delay_us, self.workspace.leftover,
+                                             on_output=self.output.feed)
             self.generation += 1
             try:
                 return self.backend.start(stop)
             except ServeError as failure:
+                self.output.release()
                 if attempt == START_ATTEMPTS:
                     raise ServeError(f"{failure} (start {attempt} of {START_ATTEMPTS}; giving up)") from failure
                 self.state.not_ready(f"the backend is starting again ({failure})")
@@ -288,6 +300,7 @@ class Supervisor:
                 announced = True
             else:
                 self.on_event(f"the backend is serving {self.served.name} again")
+            self.output.release()
             dead = None
             while dead is None and not stop.wait(poll_s):
                 dead = self.backend.dead()
@@ -313,9 +326,11 @@ class Supervisor:
 
 
 def serve(options: ServeOptions, stop: threading.Event, on_ready: Callable[[ServedModel, Endpoints], None],
-          on_event: Callable[[str], None] = lambda _: None, poll_s: float = 0.5) -> None:
+          on_event: Callable[[str], None] = lambda _: None, poll_s: float = 0.5,
+          on_triton: Callable[[str], None] = write_stdout) -> None:
     """Run the server until ``stop`` is set (or the backend keeps dying: an error); always stops the front, the
-    backend and the runners, and removes the workspace."""
+    backend and the runners, and removes the workspace. Triton's lines go to ``on_triton`` (triton_log.py)."""
+    quiet_grpc()
     for module in ("tritonclient.http", "tritonclient.grpc.service_pb2", "pytriton.triton", "aiohttp", "grpc.aio"):
         require(module, "attnres serve")
     check_ports(options)
@@ -323,16 +338,19 @@ def serve(options: ServeOptions, stop: threading.Event, on_ready: Callable[[Serv
     state = FrontState(served.name, served.limits)
     front = Front(state, options.host, options.http_port, options.grpc_port, options.metrics_port,
                   drain_s=options.drain_s)
+    output = TritonLog(on_triton, options.show_harmless_log)
     with ServeWorkspace(served.name, len(served.runners)) as workspace:
-        supervisor = Supervisor(served, options, state, workspace, on_event)
+        supervisor = Supervisor(served, options, state, workspace, on_event, output=output)
         front.start()
         try:
             activate(served, stop)
             supervisor.run(stop, lambda: on_ready(served, endpoints(options)), poll_s)
         finally:
+            output.release()
             state.not_ready("the server is shutting down")
             cut = front.stop()
             if cut:
                 on_event(f"{cut} request(s) still in flight after the {options.drain_s:.0f} s drain were cut off")
             supervisor.stop_backend()
+            output.close()
             deactivate(served)

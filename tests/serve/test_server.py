@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from attnres_export.serve.triton_log import HARMLESS, harmless
 from tests.serve.conftest import NEEDS_SERVER
-from tests.serve.server_process import start_server
+from tests.serve.server_process import start_server, wait_for
 
 pytestmark = [NEEDS_SERVER, pytest.mark.slow]
 CLIENTS, REQUESTS_PER_CLIENT = 8, 6
@@ -67,6 +68,16 @@ def test_health_and_the_models_real_inputs_and_outputs(server):
     finally:
         grpc_client.close()
     assert "serving m (onnxruntime+ref-ops, 2 instance(s), dynamic batching up to 16" in server.output()
+
+
+def test_the_served_line_comes_first_and_tritons_harmless_start_up_lines_are_not_shown(server):
+    assert wait_for(lambda: "successfully loaded 'm'" in server.output(), 30) is not None, server.output()[-3000:]
+    output = server.output()
+    assert output.startswith("serving m ("), output[:3000]
+    assert output.index("serving m (") < output.index("Started HTTPService") < output.index("successfully loaded")
+    for entry in HARMLESS:
+        assert not any(harmless(line) is entry for line in output.splitlines()), entry.message
+    assert "fork_posix.cc" not in output  # gRPC's own start-up line, in this process
 
 
 def _infer(protocol: str, address: str, model: str, ids: np.ndarray) -> np.ndarray:

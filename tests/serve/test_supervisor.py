@@ -38,7 +38,8 @@ class Script:
         self.serving = []
         self.state = FrontState("m", None)
 
-    def backend(self, model, signature, infer_functions, workspace, exit_timeout_s, max_queue_delay_us, on_folder):
+    def backend(self, model, signature, infer_functions, workspace, exit_timeout_s, max_queue_delay_us, on_folder,
+                on_output):
         script, what = self, self.plan.pop(0)
 
         class Fake:
