@@ -12,6 +12,7 @@ from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import require_files
 from attnres_export.errors import AttnresError
+from attnres_export.models.folder_files import require_config
 
 
 @command(app, name="convert-checkpoint")
@@ -27,6 +28,7 @@ def convert_checkpoint(
         raise AttnresError(f"--max-shard-mb {max_shard_mb}: need a size > 0")
     require_files([("SOURCE", source)])
     check_outputs({}, {"SOURCE": source}, {"OUT_DIR": out_dir})
+    require_config(source)
     from attnres_export.models import load_checkpoint
     from attnres_export.models.hf_folder import save_folder
 

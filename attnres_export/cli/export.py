@@ -37,7 +37,16 @@ from attnres_export.cli.options import (
     require_files,
 )
 from attnres_export.dims import DimRange
-from attnres_export.exporter.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions, export_outputs
+from attnres_export.exporter.export import model_kind
+from attnres_export.exporter.options import (
+    DEFAULT_OPSET,
+    SUPPORTED_OPSETS,
+    ExportOptions,
+    export_outputs,
+    refuse_default_output_of_another_source,
+    validate_options,
+)
+from attnres_export.models.folder_files import require_config
 
 
 @command(app, export_app, name="export")
@@ -93,6 +102,10 @@ def export(
     )
     if genai is None:
         check_outputs({**export_outputs(opts.resolved_output()), "--report": report}, {"MODEL": model})
+        if model_kind(model) == "checkpoint":  # what export_checkpoint refuses before it opens the model, in order
+            validate_options(opts)
+            refuse_default_output_of_another_source(opts)
+            require_config(model)
     else:
         from attnres_export.exporter.genai_options import genai_options
 

@@ -119,6 +119,11 @@ plugin_app = typer.Typer(help="Build and locate the CUDA/TensorRT plugin librari
                          cls=OneLineGroup, **_STYLE)
 app.add_typer(plugin_app, name="plugin")
 
+def debugging() -> bool:
+    """Did the command line ask for ``--debug`` (before or after the command's name)?"""
+    return bool(_state["debug"])
+
+
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")]
 _DEBUG = inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=DebugOption)
 

@@ -40,10 +40,6 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print {\"tokens\": [...], ...} as JSON.")] = False,
 ) -> None:
     """Generate tokens after a prompt: PyTorch by default, or a with-past ONNX / TensorRT engine."""
-    from attnres_export.decode.generate import Sampling, engine_decoder, onnx_decoder, torch_decoder
-    from attnres_export.decode.generate import generate as run_generate
-    from attnres_export.models import load_checkpoint
-
     if onnx is not None and engine is not None:
         raise AttnresError("pass --onnx or --engine, not both")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -51,6 +47,10 @@ def generate(
         raise AttnresError(f"--threads {threads}: this machine gives the process {cores} cores; use at most {cores}")
     if (ids is None) == (prompt is None):
         raise AttnresError("pass exactly one of --ids and --prompt")
+    from attnres_export.decode.generate import Sampling, engine_decoder, onnx_decoder, torch_decoder
+    from attnres_export.decode.generate import generate as run_generate
+    from attnres_export.models import load_checkpoint
+
     sampling = Sampling(temperature, top_k, seed)
     tokenizer = load_tokenizer(model) if prompt is not None else None
     tokens = tokenizer.encode(prompt).ids if tokenizer is not None else parse_ids(ids)

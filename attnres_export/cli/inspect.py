@@ -9,6 +9,7 @@ import typer
 
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import require_files
+from attnres_export.models.folder_files import require_config
 
 NO_TARGET = "none (no attnres nodes and no attnres-export metadata: not written by attnres-export)"
 
@@ -29,6 +30,7 @@ def inspect(
     elif file.suffix == ".pt2":
         _inspect_program(file, trust_pickle)
     else:
+        require_config(file)
         _inspect_checkpoint(file)
 
 

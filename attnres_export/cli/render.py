@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -18,11 +19,12 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from attnres_export.backends.bench import Workload
-from attnres_export.graphs.fusion import FusionResult, SiteOutcome
-from attnres_export.parity.metrics import ErrorMetrics
-from attnres_export.parity.polygraphy_io import Replay
-from attnres_export.parity.report import Check, Report
+if TYPE_CHECKING:  # types of what is rendered only: importing them would import torch before every table
+    from attnres_export.backends.bench import Workload
+    from attnres_export.graphs.fusion import FusionResult, SiteOutcome
+    from attnres_export.parity.metrics import ErrorMetrics
+    from attnres_export.parity.polygraphy_io import Replay
+    from attnres_export.parity.report import Check, Report
 
 OUTPUT_NAME_WIDTH = 8
 """Where a narrow table folds an output name (``present.10.value``) onto a second line."""

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from attnres_export.cli.framework import app, command, console
+from attnres_export.cli.framework import app, command, console, debugging
 from attnres_export.cli.options import AllowEngineHostCode, Plugin
 
 
@@ -36,7 +36,7 @@ def serve(
     from attnres_export.serve.server import serve as run_server
 
     options = ServeOptions(artifact, model_name, host, http_port, grpc_port, metrics_port, instances, max_batch,
-                           max_queue_delay_us, plugin, allow_engine_host_code)
+                           max_queue_delay_us, plugin, allow_engine_host_code, show_harmless_log=debugging())
     stop = threading.Event()
     received: list[int] = []
 

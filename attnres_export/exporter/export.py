@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError, PickledModelError
-from attnres_export.exporter.checkpoint import export_checkpoint
-from attnres_export.exporter.foreign import ForeignOptions, export_source, load_foreign
 from attnres_export.exporter.options import (
     ExportOptions,
     ExportResult,
@@ -21,7 +20,10 @@ from attnres_export.exporter.options import (
     refuse_default_output_of_another_source,
     validate_options,
 )
-from attnres_export.models.store import Checkpoint
+
+if TYPE_CHECKING:
+    from attnres_export.exporter.foreign import ForeignOptions
+    from attnres_export.models.store import Checkpoint
 
 
 def model_kind(path: Path) -> str:
@@ -38,6 +40,9 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions, status: Callable[[s
                checkpoint: Checkpoint | None = None) -> ExportResult:
     """Export an attnres checkpoint (``checkpoint``: the source, already opened by the caller), or a foreign model
     through pattern fusion."""
+    from attnres_export.exporter.checkpoint import export_checkpoint
+    from attnres_export.exporter.foreign import export_source, load_foreign
+
     kind = model_kind(opts.source)
     if kind == "checkpoint":
         try:

@@ -84,14 +84,14 @@ def refuse_default_output_of_another_source(opts: ExportOptions) -> None:
     refused rather than replaced."""
     if opts.output is not None:
         return
+    out = opts.resolved_output()
+    if not out.is_file():
+        return
     import onnx
     from google.protobuf.message import DecodeError
 
     from attnres_export.graphs.metadata import export_info
 
-    out = opts.resolved_output()
-    if not out.is_file():
-        return
     try:
         recorded = export_info(onnx.load(str(out), load_external_data=False)).get("source_file")
     except (DecodeError, OSError, ValueError, GraphError):

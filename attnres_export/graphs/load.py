@@ -11,7 +11,6 @@ from google.protobuf.message import DecodeError
 
 from attnres_export.errors import GraphError
 from attnres_export.graphs.external_data import check_external_data, external_locations
-from attnres_export.graphs.validate import validate_attnres_nodes
 
 
 def load_onnx(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
@@ -31,6 +30,8 @@ def load_onnx(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
             onnx.load_external_data_for_model(model, str(path.resolve().parent))
         except (OSError, ValueError, RuntimeError) as exc:
             raise GraphError(f"{path}: its external data could not be read ({_first_line(exc)})") from exc
+    from attnres_export.graphs.validate import validate_attnres_nodes
+
     validate_attnres_nodes(model, str(path))
     return model
 

@@ -21,12 +21,12 @@ import torch
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import CheckpointError
+from attnres_export.models.folder_files import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE, require_config
 from attnres_export.models.limits import MAX_CONFIG_DEPTH, check_depth
 from attnres_export.models.registry import architecture, config_from_dict, for_hf_model_type, hf_model_types
-from attnres_export.models.store.files import FORMAT, INDEX_FILE, VERSION, WEIGHTS_FILE, safetensors_tensors
+from attnres_export.models.store.files import FORMAT, VERSION, safetensors_tensors
 from attnres_export.models.store.tensors import StoredTensor
 
-CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -104,9 +104,8 @@ def read_folder(path: Path) -> tuple[Any, dict[str, StoredTensor]]:
 
 
 def _read_config(path: Path) -> dict:
+    require_config(path)
     file = path / CONFIG_FILE
-    if not file.is_file():
-        raise CheckpointError(f"{path}: a checkpoint folder needs {CONFIG_FILE} (and {WEIGHTS_FILE} or {INDEX_FILE})")
     if file.stat().st_size > MAX_CONFIG_BYTES:
         raise CheckpointError(f"{file}: over {MAX_CONFIG_BYTES} bytes; not a model config")
     try:

@@ -265,6 +265,7 @@ def fake_export(fused_by_type: dict[str, int]):
 def test_an_export_with_nodes_no_tensorrt_plugin_runs_says_so_in_one_line(tmp_path, monkeypatch, target):
     monkeypatch.setattr(export_module, "export_any", fake_export({"AttnResAggregate": 4, "KimiDeltaAttention": 3}))
     (tmp_path / "k3").mkdir()
+    (tmp_path / "k3" / "config.json").write_text("{}")  # a folder without one is refused before export_any
     result = invoke("export", tmp_path / "k3", "--no-check", "--target", target, "-o", tmp_path / "k3.onnx")
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if "nodes have no TensorRT plugin" in line]

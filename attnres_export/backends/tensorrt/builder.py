@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -17,15 +18,14 @@ from attnres_export.atomic import atomic_write
 from attnres_export.backends.tensorrt import plugin_library
 from attnres_export.backends.tensorrt.api import logger, require_tensorrt, version_tuple
 from attnres_export.backends.tensorrt.manifest import EngineManifest, sha256_file, write_manifest
-from attnres_export.backends.tensorrt.preflight import PreflightResult, preflight, registry_listing
-from attnres_export.backends.tensorrt.profiles import Profile, derive_profile
 from attnres_export.backends.tensorrt.verify_embedded import embedding_failure
 from attnres_export.dims import DimRange
 from attnres_export.errors import EngineError
 from attnres_export.graphs.load import load_onnx
-from attnres_export.graphs.metadata import export_info, onnx_dtype
-from attnres_export.graphs.onnx_utils import attnres_nodes
-from attnres_export.ops.opset import ORT_TRT_DOMAIN
+
+if TYPE_CHECKING:
+    from attnres_export.backends.tensorrt.preflight import PreflightResult
+    from attnres_export.backends.tensorrt.profiles import Profile
 
 PLUGIN_LAYER_TYPES = ("PluginV3", "PluginV2")
 """LayerType prefixes of plugin layers in the engine inspector's JSON (trex knows "PluginV2")."""
@@ -69,6 +69,9 @@ class PreflightFailed(EngineError):
 
 
 def onnx_node_names(model: onnx.ModelProto) -> list[str]:
+    from attnres_export.graphs.onnx_utils import attnres_nodes
+    from attnres_export.ops.opset import ORT_TRT_DOMAIN
+
     return [n.name for n in (*attnres_nodes(model.graph), *attnres_nodes(model.graph, ORT_TRT_DOMAIN))]
 
 
@@ -101,6 +104,9 @@ def classify_layers(engine_info: dict, node_names: list[str]) -> tuple[list[str]
 def build_engine(opts: BuildOptions, status: Callable[[str], None] = lambda _: None) -> EngineBuild:
     """Preflight, parse, build, inspect, write ENGINE and ENGINE.json; raises EngineError with one line."""
     model = load_onnx(opts.onnx, load_external_data=False)
+    from attnres_export.backends.tensorrt.preflight import preflight, registry_listing
+    from attnres_export.backends.tensorrt.profiles import derive_profile
+
     profile = derive_profile(model, {"batch": opts.batch, "seq": opts.seq, "past": opts.past})
     trt = require_tensorrt()
     library = plugin_library.resolve(opts.plugin, dynamic=opts.embed_plugin)
@@ -216,6 +222,8 @@ def _inspect(trt, serialized, version_compatible: bool) -> dict | None:
 def _manifest(trt, model: onnx.ModelProto, opts: BuildOptions, profile: Profile, library: Path, embedded: bool,
               nodes: tuple[list[str], list[str], list[str]]) -> EngineManifest:
     import torch
+
+    from attnres_export.graphs.metadata import export_info, onnx_dtype
 
     info = export_info(model)
     cuda = torch.cuda.is_available()

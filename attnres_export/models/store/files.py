@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from attnres_export.errors import CheckpointError, PickledModelError
+from attnres_export.models.folder_files import INDEX_FILE, WEIGHTS_FILE
 from attnres_export.models.store.tensors import StoredTensor, check_stored_type
 
 FORMAT = "attnres-checkpoint"
@@ -24,8 +25,6 @@ MAPPED_BYTES = 256 << 20
 """Bytes read through one mapping of a ``.pt`` file before it is mapped afresh."""
 MAX_INDEX_BYTES = 64 << 20
 """A safetensors index lists one line per tensor: a few MB for the largest published models."""
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 
 
 class PtFile:
