@@ -119,6 +119,7 @@ def measure(args: argparse.Namespace, layers: int, work: Path, extra: list[str],
         written = time.perf_counter() - started
     console.print(f"{layers} layers: {params / 1e9:.2f}B parameters, {weight_bytes / GIB:.2f} GiB, written in "
                   f"{written:.0f} s")
+    console.print(f"$ attnres-export {folder} -o {out} --dtype bfloat16 {' '.join(extra)}".rstrip())
     try:
         with console.status(f"attnres-export {folder.name} {' '.join(extra)}"):
             result = run_export(folder, out, extra)
