@@ -24,31 +24,16 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from export_memory import run_child
 from rich.console import Console
 from rich.table import Table
 
-CHILD = """
-import json, sys, time
-wall = time.perf_counter()
-from attnres_export.cli import export_main as main
-sys.argv = ["attnres-export", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code
-else:
-    code = 0
-status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-print(json.dumps({"code": code, "maxrss_kib": int(status["VmHWM"].split()[0]), "wall": time.perf_counter() - wall}),
-      file=sys.stderr)
-"""
 GIB = 2**30
 
 
@@ -102,15 +87,6 @@ def write_folder(args: argparse.Namespace, layers: int, folder: Path) -> tuple[i
     return total // 2, total, max(layer_bytes, max(t.numel() * t.element_size() for t in edges.values()))
 
 
-def run_export(folder: Path, out: Path, extra: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(folder), "-o", str(out), "--dtype", "bfloat16", *extra],
-                          capture_output=True, text=True, check=False)
-    summary = json.loads(done.stderr.strip().splitlines()[-1])
-    if summary["code"] not in (0, None):
-        sys.exit(f"attnres-export failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return {**summary, "stdout": done.stdout}
-
-
 def measure(args: argparse.Namespace, layers: int, work: Path, extra: list[str], console: Console) -> dict:
     folder, out = work / f"llama-{layers}", work / f"llama-{layers}.onnx"
     with console.status(f"writing a {layers}-layer bfloat16 Llama folder"):
@@ -122,7 +98,7 @@ def measure(args: argparse.Namespace, layers: int, work: Path, extra: list[str],
     console.print(f"$ attnres-export {folder} -o {out} --dtype bfloat16 {' '.join(extra)}".rstrip())
     try:
         with console.status(f"attnres-export {folder.name} {' '.join(extra)}"):
-            result = run_export(folder, out, extra)
+            result = run_child("export", str(folder), "-o", str(out), "--dtype", "bfloat16", *extra)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         for file in work.glob(f"{out.name}*"):

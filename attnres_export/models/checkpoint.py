@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from attnres_export.atomic import atomic_write
-from attnres_export.dtypes import torch_dtype
 from attnres_export.models.registry import build_model
-from attnres_export.models.store import keep_float32_names, open_checkpoint
+from attnres_export.models.store import held_types, open_checkpoint
 from attnres_export.models.store.files import FORMAT, VERSION
 
 
@@ -63,10 +62,5 @@ def _held_as(state: dict, wanted: dict[str, torch.dtype]) -> bool:
 
 
 def _stored_types(model: nn.Module, state: dict, dtype: str | None) -> dict[str, torch.dtype]:
-    """The type each state_dict entry is held in: ``dtype`` (or as stored), at least float32 under ``KeepFloat32``."""
-    keep = keep_float32_names(model)
-    types = {}
-    for key, tensor in state.items():
-        held = tensor.dtype if dtype is None else torch_dtype(dtype)
-        types[key] = torch.promote_types(held, torch.float32) if key in keep else held
-    return types
+    """The type each state_dict entry is held in (``models.store.held_types``)."""
+    return held_types(model, {key: tensor.dtype for key, tensor in state.items()}, dtype)

@@ -132,11 +132,16 @@ def _meta_model(cfg: Any) -> nn.Module:
 
 
 def _held_types(model: nn.Module, tensors: dict[str, StoredTensor], dtype: str | None) -> dict[str, torch.dtype]:
-    """The type each tensor is held in: ``dtype`` (or as stored), at least float32 under ``KeepFloat32``."""
+    return held_types(model, {name: stored.dtype for name, stored in tensors.items()}, dtype)
+
+
+def held_types(model: nn.Module, stored: dict[str, torch.dtype], dtype: str | None) -> dict[str, torch.dtype]:
+    """The type each state_dict entry (``stored``: its type as stored) is held in: ``dtype`` (or as stored), at
+    least float32 under ``KeepFloat32``."""
     keep = keep_float32_names(model)
     types = {}
-    for name, stored in tensors.items():
-        held = stored.dtype if dtype is None else torch_dtype(dtype)
+    for name, stored_type in stored.items():
+        held = stored_type if dtype is None else torch_dtype(dtype)
         types[name] = torch.promote_types(held, torch.float32) if name in keep else held
     return types
 
