@@ -94,7 +94,7 @@ def test_help_version_and_refusals_that_need_no_model_import_no_torch(tmp_path, 
 def test_a_folder_without_its_config_is_refused_by_one_check_that_the_cli_and_the_store_share(tmp_path):
     from attnres_export.models.store import open_checkpoint
 
-    with pytest.raises(CheckpointError, match="a checkpoint folder needs config.json") as early:
+    with pytest.raises(CheckpointError, match=r"a checkpoint folder needs config\.json") as early:
         require_config(tmp_path)
     with pytest.raises(CheckpointError) as reader:
         open_checkpoint(tmp_path)

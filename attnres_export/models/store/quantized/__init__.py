@@ -1,9 +1,10 @@
 """Quantized checkpoints read as float weights, their packed parts kept for a graph writer (docs/quantization.md).
 
 ``quantized_view(tensors, quantization_config, where)`` replaces each quantized layer's parts
-(``<prefix>.weight_packed``, ``.weight_scale``, ``.qweight``, ...) by one ``QuantizedTensor`` ``<prefix>.weight``.
-A weight is quantized when its parts are there, whatever the config's ignore list says
-(../shared/reviews/quantization-2026-12.md §1.4); the config gives the scheme (bits, groups, symmetry)."""
+(``<prefix>.weight_packed``, ``.weight_scale``, ``.qweight``, ...) by one ``QuantizedTensor`` ``<prefix>.weight``. A
+weight is quantized when its parts are there, whatever the config's ignore list says (the rule vLLM tpu-inference PR
+#3325 and llama.cpp `conversion/kimi_k3.py` follow: K3 ships its router and latent projections BF16 though no ignore
+pattern names them); the config gives the scheme (bits, groups, symmetry)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """FP8 (float8_e4m3fn) weights with float scales.
 
 * ``fp8-block``: DeepSeek-V3 / Qwen3 FP8 (``quant_method: fp8``, ``weight_block_size [b0, b1]``): ``weight``
-  float8_e4m3fn ``[out, in]`` and ``weight_scale_inv`` ``[ceil(out/b0), ceil(in/b1)]``; the float weight is
-  ``weight * weight_scale_inv`` broadcast per block, the last row and column blocks partial
-  (../shared/reviews/quantization-2026-12.md §2.2, §3 on FP8 blocks in ORT).
+  float8_e4m3fn ``[out, in]`` and ``weight_scale_inv`` ``[ceil(out/b0), ceil(in/b1)]``; the float weight is ``weight
+  * weight_scale_inv`` broadcast per block, the last row and column blocks partial (DeepSeek-V3
+  ``inference/kernel.py: weight_dequant``, 128x128 blocks).
 * ``float-quantized``: compressed-tensors FP8 weights (``weight`` float8_e4m3fn and ``weight_scale`` per tensor,
-  channel, group or block, by the config's ``strategy``): ``weight * weight_scale`` (review §1.6).
+  channel, group or block, by the config's ``strategy``): ``weight * weight_scale`` (compressed-tensors 0.20.0
+  ``compressors/quantized_compressors``).
 * ``int8-quantized``: compressed-tensors ``naive-quantized`` / ``int-quantized`` int8 ``weight`` with
   ``weight_scale`` (and ``weight_zero_point`` when asymmetric): ``(weight - zero_point) * weight_scale``."""
 

@@ -9,7 +9,7 @@
   ``scales`` ``[in / group, out]``; eight output columns per word in the order 0, 2, 4, 6, 1, 3, 5, 7 (nibble ``k``
   holds column ``AWQ_ORDER[k]``). ``W[o, i] = scales[i // group, o] * (q[i, o] - z[i // group, o])``.
 
-(../shared/reviews/quantization-2026-12.md §3: onnxruntime-genai reads AWQ/GPTQ checkpoints through its loaders.)"""
+(onnxruntime-genai 0.18.0 ``models/quantized_model.py`` reads both layouts so; AutoAWQ ``dequantize_gemm``.)"""
 
 from __future__ import annotations
 

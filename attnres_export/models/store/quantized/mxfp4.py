@@ -1,7 +1,7 @@
-"""compressed-tensors ``mxfp4-pack-quantized`` (Kimi K3's routed experts, ../shared/reviews/quantization-2026-12.md
-§1.3-1.4, §1.6): FP4 E2M1 values two per byte, the low nibble the even column (``weight_packed`` uint8
-``[out, in/2]``), one E8M0 scale byte per 32 values (``weight_scale`` uint8 ``[out, in/32]``, ``2**(e - 127)``,
-0xFF is NaN), symmetric, weights only.
+"""compressed-tensors ``mxfp4-pack-quantized`` (Kimi K3's routed experts; compressed-tensors 0.20.0
+``MXFP4PackedCompressor``, llama.cpp ``conversion/kimi_k3.py``): FP4 E2M1 values two per byte, the low nibble the
+even column (``weight_packed`` uint8 ``[out, in/2]``), one E8M0 scale byte per 32 values (``weight_scale`` uint8
+``[out, in/32]``, ``2**(e - 127)``, 0xFF is NaN), symmetric, weights only.
 
 Exact int8 form: an E2M1 value times 2 is an integer in {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}, so a block is exactly
 ``int8 values * 2**(e - 128)`` (``to_int8``)."""

@@ -3,7 +3,7 @@
 ``weight_scale`` per group ``[out, in/group]``, channel ``[out, 1]`` or tensor, ``weight_zero_point`` when asymmetric
 (packed the same way along the output axis: ``[ceil(out * bits / 32), groups]``; a tensor zero point unpacked) and
 ``weight_shape`` (the logical ``[out, in]``). The float weight is ``(q - zero_point) * scale``
-(../shared/reviews/quantization-2026-12.md §1.6; compressed-tensors ``compressors/pack_quantized``)."""
+(compressed-tensors 0.20.0 ``compressors/pack_quantized``)."""
 
 from __future__ import annotations
 
