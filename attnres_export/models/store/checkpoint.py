@@ -89,10 +89,6 @@ class Checkpoint:
                 self.config, {name: (stored.shape, stored.read) for name, stored in self.tensors.items()})
         return self._fingerprint
 
-    @property
-    def weight_bytes(self) -> int:
-        return sum(stored.nbytes for stored in {id(s): s for s in self.tensors.values()}.values())
-
 
 @dataclass
 class StreamedModel:
