@@ -13,6 +13,7 @@ from attnres_export.exporter.options import ExportOptions
 from attnres_export.models import save_checkpoint
 from attnres_export.models.attnres_lm import AttnResLMConfig
 from attnres_export.models.example import make_example
+from attnres_export.models.store import Checkpoint
 from tests.conftest import SMALL
 
 
@@ -38,22 +39,21 @@ def test_a_float16_checkpoint_exports_in_float16_and_matches_pytorch_from_the_sa
 
 
 @pytest.mark.slow
-def test_a_float32_checkpoint_exports_in_float16_from_a_cast_copy_and_is_checked_against_its_float32_weights(
+def test_a_float32_checkpoint_exports_in_float16_streamed_and_is_checked_against_its_float32_weights(
         tmp_path, monkeypatch):
-    """The traced copy is loaded cast and the reference mapped again afterwards (``_models``): both loads happen,
-    in that order, and the check passes against PyTorch on the stored float32 weights."""
+    """The traced model is the streamed one in float16 (``_models``: its large tensors read cast as they are
+    written) and the reference is read afterwards from the same open checkpoint as stored: in that order, one open,
+    and the check passes against PyTorch on the stored float32 weights."""
     cfg = AttnResLMConfig(**SMALL, n_layers=2, block_size=2)
     path = tmp_path / "m.pt"
     save_checkpoint(make_example(cfg, seed=8), cfg, path)
-    loads = []
-    real = export.load_checkpoint
-
-    def recording(checkpoint, dtype="float32"):
-        loads.append(dtype)
-        return real(checkpoint, dtype=dtype)
-
-    monkeypatch.setattr(export, "load_checkpoint", recording)
+    calls = []
+    streamed, model = Checkpoint.streamed_model, Checkpoint.model
+    monkeypatch.setattr(Checkpoint, "streamed_model", lambda self, dtype: calls.append(("streamed", dtype))
+                        or streamed(self, dtype))
+    monkeypatch.setattr(Checkpoint, "model", lambda self, dtype="float32": calls.append(("model", dtype))
+                        or model(self, dtype))
     result = export.export_checkpoint(ExportOptions(path, tmp_path / "m.onnx", dtype="float16",
                                                     batch=DimRange(1, 2, 3), seq=DimRange(1, 4, 8)))
-    assert loads == [None, "float16", None]
+    assert calls == [("streamed", "float16"), ("model", None)]
     assert result.report is not None and result.report.ok, result.report.to_dict()
