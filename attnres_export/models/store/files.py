@@ -1,5 +1,6 @@
-"""The checkpoint files a store reads, each with its own library's reader: our ``.pt`` (``torch.load(mmap=True,
-weights_only=True)``), a safetensors file and a sharded folder (``safe_open``, per read).
+"""The checkpoint files a store reads, each with its own library's reader: our ``.pt``
+(``torch.load(weights_only=True, mmap=True)``: nothing is unpickled but tensors and plain values), a safetensors
+file and a sharded folder (``safe_open``, per read).
 
 Pages a memory mapping has read stay resident (and counted in the process's memory) until the mapping is closed,
 so no mapping is held open across the whole checkpoint: a safetensors file is opened for each tensor read (its
