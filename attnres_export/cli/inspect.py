@@ -35,15 +35,41 @@ def inspect(
 
 
 def _inspect_checkpoint(file: Path) -> None:
-    from attnres_export.cli.render import table_of
-    from attnres_export.models import load_checkpoint
+    """The config and the tensors' storage, from the config and the headers (no weight is read)."""
+    import torch
 
-    model, cfg = load_checkpoint(file)
+    from attnres_export.cli.render import table_of
+    from attnres_export.models.registry import build_model
+    from attnres_export.models.store import open_checkpoint
+
+    checkpoint = open_checkpoint(file)
+    cfg = checkpoint.config
+    with torch.device("meta"):
+        model = build_model(cfg)
     features = getattr(cfg, "features", None)
     rows = features() if features else [(key, str(value)) for key, value in cfg.to_dict().items()]
     rows += [("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
              ("fused attnres ops", str(model.fused_node_count()))]
     console.print(table_of(f"{file}: {cfg.arch} ({cfg.describe()})", ("key", "value"), rows))
+    console.print(table_of("tensors by storage format (as stored; bytes per parameter)",
+                           ("format", "stored as", "tensors", "parameters", "bytes", "bytes/param"),
+                           _storage_rows(checkpoint.tensors)))
+
+
+def _storage_rows(tensors: dict) -> list[tuple[str, ...]]:
+    from attnres_export.cli.options import human_bytes
+    from attnres_export.models.store.quantized import QuantizedTensor
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for stored in tensors.values():
+        quantized = isinstance(stored, QuantizedTensor)
+        kind = "packed parts" if quantized else str(stored.dtype).removeprefix("torch.")
+        counts = groups.setdefault((stored.format, kind), [0, 0, 0])
+        counts[0] += 1
+        counts[1] += stored.numel()
+        counts[2] += stored.stored_nbytes if quantized else stored.nbytes
+    return [(fmt, kind, str(n), f"{params:,}", human_bytes(size), f"{size / max(params, 1):.3g}")
+            for (fmt, kind), (n, params, size) in sorted(groups.items())]
 
 
 def _inspect_program(file: Path, trust_pickle: bool) -> None:
@@ -63,6 +89,7 @@ def _inspect_program(file: Path, trust_pickle: bool) -> None:
 
 
 def _inspect_onnx(file: Path) -> None:
+    from attnres_export.cli.options import human_bytes
     from attnres_export.cli.render import table_of
     from attnres_export.graphs.inspect import summarize
     from attnres_export.graphs.load import load_onnx
@@ -74,6 +101,11 @@ def _inspect_onnx(file: Path) -> None:
     arities = [(op_type, str(arity), str(count)) for (op_type, arity), count in summary.fused_by_arity.items()]
     console.print(table_of("attnres nodes by source count (AttnResAggregate, AttnResAggregateNorm) or present inputs "
                            "(other ops)", ("op", "sources / inputs", "nodes"), arities or [("(none)", "-", "0")]))
+    if summary.weights:
+        console.print(table_of("weights by stored type (bytes per parameter)",
+                               ("type", "initializers", "elements", "bytes", "bytes/element"),
+                               [(name, str(n), f"{elements:,}", human_bytes(size), f"{size / max(elements, 1):.3g}")
+                                for name, (n, elements, size) in summary.weights.items()]))
     if summary.export_info:
         console.print("export: " + ", ".join(f"{k}={v}" for k, v in summary.export_info.items()))
 

@@ -223,5 +223,8 @@ def require_files(paths: Iterable[tuple[str, Path | None]]) -> None:
 
 def file_size(files: list[Path]) -> str:
     """Total size of ``files`` for messages."""
-    total = sum(f.stat().st_size for f in files)
+    return human_bytes(sum(f.stat().st_size for f in files))
+
+
+def human_bytes(total: int) -> str:
     return f"{total / 1e6:.1f} MB" if total >= 1e5 else f"{total / 1e3:.1f} kB"

@@ -349,3 +349,20 @@ def table_of(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) 
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def quantization_table(rows: list[dict]) -> Table:
+    """How far the quantized model is from the unquantized one, per check shape (information, not judged)."""
+    table = _table("Quantized vs unquantized model (float64 PyTorch; information, not judged)")
+    for column in ("shape", "logits rel L2", "top-1 agreement"):
+        table.add_column(column, justify="left" if column == "shape" else "right")
+    for row in rows:
+        table.add_row(row["shape"], _g(row["rel_l2"]), f"{100 * row['top1']:.1f}%")
+    return table
+
+
+def quantized_line(formats: dict[str, int], stored_bytes: int, parameters: int) -> str:
+    """One line: how many weights the graph keeps quantized, in which formats, and their bytes per parameter."""
+    listed = ", ".join(f"{count} {name}" for name, count in formats.items())
+    return (f"kept {sum(formats.values())} weights quantized ({listed}): {stored_bytes / parameters:.3g} bytes per "
+            "parameter")

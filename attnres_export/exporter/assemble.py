@@ -41,16 +41,19 @@ def plan_of(model: nn.Module, with_past: bool, fuse_norm: bool) -> ExportPlan | 
 
 def export_planned(model: nn.Module, plan: ExportPlan, ranges: dict[str, DimRange], sizes: dict[str, int],
                    dtype: str, opset: int, status: Callable[[str], None],
-                   read: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ir.Model:
+                   read: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   stored: Callable[[torch.Tensor], object | None] | None = None) -> ir.Model:
     """Trace each kind of piece of ``plan`` once (at the trace ``sizes``, dynamic over ``ranges``) and assemble the
     model graph; ``model`` is the model in the export dtype, whose tensors the plan's pieces hold. ``read`` gives
     the values of a tensor the model holds on the meta device (a streamed model, ``models.store``): such a tensor
-    is read when the staging writer writes it, so the graph holds none of the model's large tensors."""
+    is read when the staging writer writes it, so the graph holds none of the model's large tensors. ``stored``
+    gives the stored tensor such a tensor reads: each initializer made from one carries it (``STORED``), so that
+    ``exporter.quantized_graph`` can keep a quantized weight quantized."""
     kinds = list(dict.fromkeys(p.kind for p in plan.pieces()))
     status(f"tracing {len(kinds)} kinds of piece once ({', '.join(kinds)}; {dtype}, opset {opset})")
     traced, template = trace_kinds(plan.pieces(), ranges, sizes, dtype, opset)
     status(f"assembling {len(plan.pieces())} pieces and {len(plan.steps) - len(plan.pieces())} nodes between them")
-    return assemble(plan, traced, model, dtype, template, read or _held)
+    return assemble(plan, traced, model, dtype, template, read or _held, stored or _not_stored)
 
 
 FOLDED = {
@@ -103,21 +106,32 @@ def _held(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _folded_root(value: ir.Value) -> tuple[ir.Value, list[str]]:
-    """The weight a folded value comes from and the ops on the way, first op first."""
-    ops = []
+def _not_stored(tensor: torch.Tensor) -> None:
+    return None
+
+
+STORED = "attnres.stored"
+"""``ir.Value.meta`` key of an initializer made from a tensor left in the checkpoint: ``(stored tensor, nodes)``,
+the ``StoredTensor`` it reads and the folded nodes (``FOLDED``) that compute the initializer from it, first first."""
+
+
+def _folded_nodes(value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
+    """The weight a folded value comes from and the folded nodes on the way, first first."""
+    nodes = []
     while value.producer() is not None:
-        ops.append(value.producer().op_type.lower())
+        nodes.append(value.producer())
         value = value.producer().inputs[0]
-    return value, ops[::-1]
+    return value, nodes[::-1]
 
 
 class _Assembly:
     """The graph being built: values by plan name, nodes, initializers."""
 
-    def __init__(self, model: nn.Module, dtype: str, read: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, model: nn.Module, dtype: str, read: Callable[[torch.Tensor], torch.Tensor],
+                 stored: Callable[[torch.Tensor], object | None]) -> None:
         self.dtype = dtype
         self.read_tensor = read
+        self.stored = stored
         self.names: dict[int, str] = {}
         for name, tensor in [*model.named_parameters(remove_duplicate=False),
                              *model.named_buffers(remove_duplicate=False)]:
@@ -168,6 +182,7 @@ class _Assembly:
                 stored = ComputedTensor(lambda: self.read_tensor(tensor), from_torch_dtype(tensor.dtype),
                                         ir.Shape(tensor.shape), name)
                 self.weights[key] = self.initializer(name, stored)
+                self.weights[key].meta[STORED] = (self.stored(tensor), [])
             else:
                 self.weights[key] = self.initializer(name, TorchTensor(tensor.detach(), name=name))
         return self.weights[key]
@@ -251,11 +266,15 @@ class _Assembly:
         return self.constant(value, piece)
 
     def _folded(self, value: ir.Value, own: dict[ir.Value, torch.Tensor], piece: PlanPiece) -> ir.Value:
-        root, ops = _folded_root(value)
-        name = f"{self.names[id(own[root])]}.{'.'.join(ops)}"
+        root, nodes = _folded_nodes(value)
+        weight = own[root]
+        name = f"{self.names[id(weight)]}.{'.'.join(node.op_type.lower() for node in nodes)}"
         tensor = ComputedTensor(lambda: _folded_value(value, own, self.read_tensor), value.dtype,
                                 ir.Shape(value.shape), name)
-        return self.initializer(name, tensor)
+        initializer = self.initializer(name, tensor)
+        if weight.is_meta:
+            initializer.meta[STORED] = (self.stored(weight), nodes)
+        return initializer
 
     def aggregate(self, step: PlanAggregate) -> None:
         sources = [self.read(name, f"aggregation {step.name}") for name in step.sources]
@@ -318,10 +337,11 @@ def _few(items: list) -> str:
 
 
 def assemble(plan: ExportPlan, traced: dict[str, TracedKind], model: nn.Module, dtype: str,
-             template: ir.Model, read: Callable[[torch.Tensor], torch.Tensor] = _held) -> ir.Model:
+             template: ir.Model, read: Callable[[torch.Tensor], torch.Tensor] = _held,
+             stored: Callable[[torch.Tensor], object | None] = _not_stored) -> ir.Model:
     """The model graph of ``plan``: its inputs, every step in order, its outputs (``template``: the combined trace,
     for the opsets and producer fields)."""
-    assembly = _Assembly(model, dtype, read)
+    assembly = _Assembly(model, dtype, read, stored)
     inputs = [assembly.graph_input(spec) for spec in plan.inputs]
     foldings = {kind: _folding(traced_kind) for kind, traced_kind in traced.items()}
     for step in plan.steps:

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from attnres_export.exporter.options import (
     refuse_default_output_of_another_source,
     validate_options,
 )
+from attnres_export.exporter.quantized_graph import MIN_OPSET, keep_quantized
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY
@@ -42,6 +43,7 @@ from attnres_export.models.store import Checkpoint, open_checkpoint
 from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.check import default_shapes
 from attnres_export.parity.metrics import tolerance_for
+from attnres_export.parity.quantization import quantization_distance
 from attnres_export.parity.report import Report
 from attnres_export.parity.session import check_onnx, collect_all_garbage
 
@@ -77,11 +79,18 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     status(f"loading {opts.source}")
     if checkpoint is None:
         checkpoint = open_checkpoint(opts.source)
+    unquantized, checkpoint = checkpoint, quantized_for(opts, checkpoint)
+    if checkpoint.quantized_formats() and opts.opset < MIN_OPSET:
+        status(f"opset {MIN_OPSET}: quantized weights are written as blocked DequantizeLinear")
+        opts = replace(opts, opset=MIN_OPSET)
     job = _job(*_models(opts, checkpoint), opts)
     with temporary_dir_beside(out) as folder, collecting_new_objects_only():
         stage = Stage(folder, out.name)
         traced = job.trace(status)
         job.trace = None
+        quantized = keep_quantized(traced, opts.dtype, opts.target)
+        if quantized.formats:
+            job.metadata["quantized"] = dict(quantized.formats)
         status("writing the weights to the staging folder")
         graph = stage.write_traced(traced)
         del traced
@@ -99,32 +108,58 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
             report = check_onnx(stage.path, out.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype,
                                 opts.seed, shapes, tolerance_for(opts.dtype, opts.tolerances), status)
             report.extra.update(report_extra)
+            if unquantized is not checkpoint:
+                status("measuring how far the quantized model is from the unquantized one (float64 PyTorch)")
+                report.extra["quantization"] = quantization_distance(
+                    lambda: checkpoint.model(None), lambda: unquantized.model(None), shapes, opts.seed)
         target = out if report is None or report.ok else failed_path(out)
         status(f"checking and writing {target}")
         files = stage.publish(target)
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
-    return ExportResult(target, files, fused, fused, report, fused_by_type)
+    return ExportResult(target, files, fused, fused, report, fused_by_type, quantized)
 
 
-def _models(opts: ExportOptions, checkpoint: Checkpoint
-            ) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor], Any, str]:
+def quantized_for(opts: ExportOptions, checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` as ``opts`` exports it: with ``--quantize``, its float matmul weights quantized as they are
+    read (the same object again when they already are)."""
+    if opts.quantize is None:
+        return checkpoint
+    return checkpoint.quantized_on_read(opts.quantize_bits, opts.quantize_block_size, opts.quantize_embeddings)
+
+
+def _models(opts: ExportOptions, checkpoint: Checkpoint) -> tuple[torch.nn.Module, _Weights, Any, str]:
     """The model to trace, how to read one of its tensors, the config, and the model's fingerprint (of the weights
     as stored, so that every export of one checkpoint records the same identity).
 
     A model with an export plan is traced with its large tensors left in the checkpoint (``streamed_model``), each
-    read when the staging writer writes it; one traced whole is built in the export dtype."""
+    read when the staging writer writes it; one traced whole is built in the export dtype. Quantized weights are kept
+    quantized by the assembled export only (``exporter.quantized_graph``)."""
     model_id = checkpoint.fingerprint()
     streamed = checkpoint.streamed_model(opts.dtype)
     _refuse_fuse_norm_without_aggregations(streamed.module, opts)
     planned = not opts.trace_whole and plan_of(streamed.module, with_past=opts.with_past,
                                                fuse_norm=opts.fuse_norm) is not None
     if planned:
-        traced, read = streamed.module, streamed.read
-    else:
-        del streamed
-        traced, read = checkpoint.model(opts.dtype), _as_held
-    return traced, read, checkpoint.config, model_id
+        return streamed.module, _Weights(streamed.read, streamed.stored), checkpoint.config, model_id
+    del streamed
+    formats = checkpoint.quantized_formats()
+    if formats:
+        raise ExportError(f"--trace-whole: this checkpoint's {', '.join(formats)} weights are kept quantized by the "
+                          "assembled export only; drop --trace-whole")
+    return checkpoint.model(opts.dtype), _Weights(_as_held, _not_stored), checkpoint.config, model_id
+
+
+@dataclass
+class _Weights:
+    """How the traced model's tensors are read, and which stored tensor each one left in the checkpoint reads."""
+
+    read: Callable[[torch.Tensor], torch.Tensor]
+    stored: Callable[[torch.Tensor], object | None]
+
+
+def _not_stored(tensor: torch.Tensor) -> None:
+    return None
 
 
 def _refuse_fuse_norm_without_aggregations(model: torch.nn.Module, opts: ExportOptions) -> None:
@@ -137,16 +172,15 @@ def _as_held(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _job(traced: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], cfg: Any, model_id: str,
-         opts: ExportOptions) -> _Job:
+def _job(traced: torch.nn.Module, weights: _Weights, cfg: Any, model_id: str, opts: ExportOptions) -> _Job:
     if opts.with_past:
-        return _with_past_job(traced, read, cfg, model_id, opts)
+        return _with_past_job(traced, weights, cfg, model_id, opts)
     ranges = _ranges(cfg, opts)
     inputs = {name: [axes[a] for a in sorted(axes)] for name, axes in traced.input_axes.items()}
     dynamic = {name: {axis: (dim, ranges[dim]) for axis, dim in axes.items() if ranges[dim].min < ranges[dim].max}
                for name, axes in traced.input_axes.items()}
     metadata = {"arch": cfg.arch, "inputs": inputs, "config": cfg.to_dict(), "model_id": model_id}
-    return _Job(ranges, lambda status: _export(traced, read, ranges, dynamic, opts, status), dynamic, metadata,
+    return _Job(ranges, lambda status: _export(traced, weights, ranges, dynamic, opts, status), dynamic, metadata,
                 traced.fused_node_count(), _check_shapes(ranges, False), {})
 
 
@@ -164,8 +198,7 @@ def _ranges(cfg: Any, opts: ExportOptions) -> dict[str, DimRange]:
     return {"batch": opts.batch, "seq": seq}
 
 
-def _with_past_job(traced: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], cfg: Any, model_id: str,
-                   opts: ExportOptions) -> _Job:
+def _with_past_job(traced: torch.nn.Module, weights: _Weights, cfg: Any, model_id: str, opts: ExportOptions) -> _Job:
     from attnres_export.exporter.with_past import dynamic_dims_with_past, export_with_past
     from attnres_export.models.base import step_input_axes
 
@@ -182,7 +215,8 @@ def _with_past_job(traced: torch.nn.Module, read: Callable[[torch.Tensor], torch
                 "model_id": model_id, **wrapper.metadata()}
     dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
     return _Job(ranges, lambda status: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
-                                                        opts.fuse_norm, opts.trace_whole, status, read)[0], dynamic,
+                                                        opts.fuse_norm, opts.trace_whole, status, weights.read,
+                                                        weights.stored)[0], dynamic,
                 metadata, traced.fused_node_count(), _check_shapes(ranges, True),
                 {"with_past": True, "shapes": "batch x seq x past"})
 
@@ -220,7 +254,7 @@ def check_export(checkpoint: Checkpoint, path: Path, opts: ExportOptions,
                       tolerance_for(opts.dtype, opts.tolerances), status)
 
 
-def _export(model: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor], ranges: dict[str, DimRange],
+def _export(model: torch.nn.Module, weights: _Weights, ranges: dict[str, DimRange],
             dynamic: dict[str, dict[int, tuple[str, DimRange]]], opts: ExportOptions,
             status: Callable[[str], None]) -> ir.Model:
     """The ONNX model of ``model`` in the export dtype (the model itself when its weights are stored in it: no
@@ -229,7 +263,8 @@ def _export(model: torch.nn.Module, read: Callable[[torch.Tensor], torch.Tensor]
     trace_sizes = {name: _trace_size(rng) for name, rng in ranges.items()}
     plan = None if opts.trace_whole else plan_of(export_model, with_past=False, fuse_norm=opts.fuse_norm)
     if plan is not None:
-        return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status, read)
+        return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status, weights.read,
+                              weights.stored)
     status(f"tracing the whole model ({opts.dtype}, opset {opts.opset})")
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}

@@ -52,6 +52,9 @@ def export_any(opts: ExportOptions, foreign: ForeignOptions, status: Callable[[s
     if opts.with_past or opts.past is not None:
         raise ExportError(f"--with-past: export from an attnres checkpoint (.pt or a checkpoint folder); "
                           f"{opts.source.name} is a foreign model ({kind}), which is exported as it is")
+    if opts.quantize is not None:
+        raise ExportError(f"--quantize: only checkpoints (.pt or a checkpoint folder) are quantized on export; "
+                          f"{opts.source.name} is a foreign model ({kind}); drop --quantize")
     if opts.fuse_norm:
         raise ExportError(f"--fuse-norm: only attnres checkpoints are exported with fused norms; "
                           f"{opts.source.name} is a foreign model ({kind}); drop --fuse-norm")

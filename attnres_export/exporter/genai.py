@@ -24,6 +24,7 @@ import onnx
 
 from attnres_export.atomic import default_file_mode, temporary_dir_beside
 from attnres_export.errors import PickledModelError
+from attnres_export.exporter.checkpoint import quantized_for
 from attnres_export.exporter.export import export_any, model_kind
 from attnres_export.exporter.foreign import ForeignOptions
 from attnres_export.exporter.genai_attention import group_query_attention
@@ -55,7 +56,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     with temporary_dir_beside(folder) as scratch:
         staged = scratch / "folder"
         staged.mkdir()  # under the umask, as a folder made by hand (the scratch folder itself is private)
-        checkpoint = _opened(opts.source)
+        checkpoint = _opened(opts)
         result = export_any(replace(opts, output=staged / MODEL_FILE, check=False), foreign, status, checkpoint)
         status(f"writing {CONFIG_FILE}")
         path = staged / MODEL_FILE
@@ -82,13 +83,13 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
     return replace(result, path=target, files=sorted(target.iterdir()), report=report)
 
 
-def _opened(source: Path) -> Checkpoint | None:
-    """``source`` opened once for the export and its check; None for a model written elsewhere (the export says
-    in one line why it has no with-past form)."""
-    if model_kind(source) != "checkpoint":
+def _opened(opts: ExportOptions) -> Checkpoint | None:
+    """``opts.source`` opened once for the export and its check (quantized on read with ``--quantize``); None for a
+    model written elsewhere (the export says in one line why it has no with-past form)."""
+    if model_kind(opts.source) != "checkpoint":
         return None
     try:
-        return open_checkpoint(source)
+        return quantized_for(opts, open_checkpoint(opts.source))
     except PickledModelError:
         return None
 

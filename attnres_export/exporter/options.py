@@ -20,8 +20,12 @@ from attnres_export.graphs.target_names import EXPORT_TARGETS
 if TYPE_CHECKING:
     import onnx
 
+    from attnres_export.exporter.quantized_graph import QuantizedWeights
     from attnres_export.parity.report import Report
 
+QUANTIZE_BITS = {"int4": 4, "int8": 8}
+QUANTIZE_BLOCK_SIZES = (16, 32, 64, 128, 256)
+"""Powers of two from 16 to 256: the block sizes ONNX Runtime's MatMulNBits takes."""
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = range(18, 24)
 
@@ -46,6 +50,16 @@ class ExportOptions:
     """Export each aggregation and the RMSNorm after it as one AttnResAggregateNorm node."""
     trace_whole: bool = False
     """Trace the whole model, even when its family has an export plan (docs/exporter-notes.md#assembled-export)."""
+    quantize: str | None = None
+    """``int4`` or ``int8``: quantize the float matmul weights on export, round to nearest per block
+    (docs/quantization.md#quantizing-on-export-rtn)."""
+    quantize_block_size: int = 32
+    quantize_embeddings: bool = False
+    """With ``quantize``: the embedding table and the output head too."""
+
+    @property
+    def quantize_bits(self) -> int | None:
+        return None if self.quantize is None else QUANTIZE_BITS[self.quantize]
 
     def resolved_output(self) -> Path:
         if self.output is not None:
@@ -63,6 +77,8 @@ class ExportResult:
     expected_aggregations: int
     report: Report | None
     fused_by_type: dict[str, int] = field(default_factory=dict)
+    quantized: QuantizedWeights | None = None
+    """The weights kept quantized in the graph (``exporter.quantized_graph``)."""
 
 
 def validate_options(opts: ExportOptions) -> None:
@@ -76,6 +92,13 @@ def validate_options(opts: ExportOptions) -> None:
         raise ExportError(
             f"--opset {opts.opset}: supported are {SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1}"
         )
+    if opts.quantize is not None and opts.quantize not in QUANTIZE_BITS:
+        raise ExportError(f"--quantize {opts.quantize!r}: choose one of {', '.join(QUANTIZE_BITS)}")
+    if opts.quantize_block_size not in QUANTIZE_BLOCK_SIZES:
+        raise ExportError(f"--quantize-block-size {opts.quantize_block_size}: choose one of "
+                          f"{', '.join(map(str, QUANTIZE_BLOCK_SIZES))} (the block sizes MatMulNBits takes)")
+    if opts.quantize is None and (opts.quantize_embeddings or opts.quantize_block_size != 32):
+        raise ExportError("--quantize-block-size and --quantize-embeddings need --quantize int4|int8")
 
 
 def refuse_default_output_of_another_source(opts: ExportOptions) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ class OnnxSummary:
     nodes: int
     fused_by_arity: dict[tuple[str, int], int]
     export_info: dict = field(default_factory=dict)
+    weights: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """By stored element type (``int4``, ``float32``, ...): initializers, elements, bytes (from the headers)."""
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[str]:
@@ -46,4 +49,27 @@ def summarize(model: onnx.ModelProto) -> OnnxSummary:
         nodes=len(model.graph.node),
         fused_by_arity=dict(sorted(fused.items())),
         export_info=info,
+        weights=_weights(model.graph),
     )
+
+
+def _weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int, int]]:
+    """The main graph's initializers by element type, their bytes as stored (external data's recorded length)."""
+    groups: dict[str, list[int]] = {}
+    for tensor in graph.initializer:
+        elements = math.prod(tensor.dims)
+        length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
+        if length is None:
+            length = len(tensor.raw_data) if tensor.raw_data else _inline_bytes(tensor, elements)
+        counts = groups.setdefault(onnx_type_name(tensor.data_type), [0, 0, 0])
+        counts[0] += 1
+        counts[1] += elements
+        counts[2] += length
+    return {name: (n, elements, size) for name, (n, elements, size) in sorted(groups.items())}
+
+
+def _inline_bytes(tensor: onnx.TensorProto, elements: int) -> int:
+    bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(tensor.data_type)
+    if bits is not None:
+        return (elements * bits + 7) // 8
+    return elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize

@@ -268,6 +268,24 @@ FINGERPRINT_SAMPLES = 64
 """Elements read per tensor for a model's fingerprint: enough to tell two models apart, cheap on a 100 GB one."""
 
 
+def matmul_weight_names(model: nn.Module, embeddings: bool) -> list[str]:
+    """State_dict names of the weights ``model`` multiplies activations by, input axis last: every ``nn.Linear``
+    weight and every parameter a module lists in ``MATMUL_WEIGHTS`` (stacked experts), and with ``embeddings`` the
+    ``nn.Embedding`` tables (read by rows, blocks along the hidden axis); without it the output head too stays as
+    stored. Routers, norms, convolutions and the AttnRes pseudo-queries are never among them (``--quantize``)."""
+    names = []
+    heads = {f"{name}.weight" for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and module.out_features == getattr(model.config, "vocab_size", None)}
+    for prefix, module in model.named_modules():
+        own = ("weight",) if isinstance(module, nn.Linear | nn.Embedding) else ()
+        for local in (*own, *getattr(module, "MATMUL_WEIGHTS", ())):
+            name = f"{prefix}.{local}" if prefix else local
+            if not embeddings and (isinstance(module, nn.Embedding) or name in heads):
+                continue
+            names.append(name)
+    return names
+
+
 def fingerprint(model: nn.Module) -> str:
     """A short identity of a model's config and weights, recorded in its exports so that ``generate`` and ``check``
     can tell an ONNX exported from another model. Independent of the storage type: sampled elements are widened

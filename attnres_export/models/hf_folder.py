@@ -25,7 +25,8 @@ from attnres_export.models.folder_files import CONFIG_FILE, INDEX_FILE, WEIGHTS_
 from attnres_export.models.limits import MAX_CONFIG_DEPTH, check_depth
 from attnres_export.models.registry import architecture, config_from_dict, for_hf_model_type, hf_model_types
 from attnres_export.models.store.files import FORMAT, VERSION, safetensors_tensors
-from attnres_export.models.store.tensors import StoredTensor
+from attnres_export.models.store.quantized import QuantizedTensor, quantization_config_of, quantized_view
+from attnres_export.models.store.tensors import StoredTensor, check_stored_type
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -93,14 +94,23 @@ def read_folder(path: Path) -> tuple[Any, dict[str, StoredTensor]]:
                                   f"(this attnres reads {VERSION})")
         if "attnres_config" not in config:
             raise CheckpointError(f"{path}/{CONFIG_FILE} has no 'attnres_config' entry")
-        return config_from_dict(config["attnres_config"]), safetensors_tensors(path)
+        return config_from_dict(config["attnres_config"]), _checked_types(safetensors_tensors(path), path)
     family = for_hf_model_type(str(config.get("model_type", "")))
     if family is not None:
-        return family.read_hf(config, safetensors_tensors(path), str(path))
+        tensors = quantized_view(safetensors_tensors(path), quantization_config_of(config), str(path))
+        return family.read_hf(config, _checked_types(tensors, path), str(path))
     raise CheckpointError(
         f"{path}: {CONFIG_FILE} describes neither an attnres checkpoint (no attnres_format) nor a model family "
         f"attnres reads (model_type {config.get('model_type')!r}; supported: {', '.join(hf_model_types())}); write "
         "an attnres checkpoint with `attnres convert-checkpoint IN.pt OUT_DIR`")
+
+
+def _checked_types(tensors: dict[str, StoredTensor], path: Path) -> dict[str, StoredTensor]:
+    """Every tensor that is not a quantized weight must be stored in one of ``STORED_TYPES``."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, QuantizedTensor):
+            check_stored_type(name, tensor.dtype, path)
+    return tensors
 
 
 def _read_config(path: Path) -> dict:

@@ -32,6 +32,14 @@ IN_MEMORY_BYTES = 256 << 20
 """Largest model handed to ONNX Runtime as serialized bytes."""
 
 
+MATMUL_ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
+"""ONNX Runtime fuses a blocked ``DequantizeLinear`` (4 or 8 bits, axis 0) feeding a ``MatMul`` into ``MatMulNBits``
+with this ``accuracy_level``; its default, 4, quantizes the activations to int8
+(docs/onnx-runtime-notes.md#dequantizelinear-and-matmulnbits)."""
+FLOAT_ACTIVATIONS = 1
+"""``accuracy_level`` 1: float32 activations, so a quantized graph computes the dequantized model it holds."""
+INT8_ACTIVATIONS = 4
+
 class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on the CPU (or another provider).
 
@@ -42,10 +50,13 @@ class OnnxRuntimeRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto | Path, providers: list[str] | None = None, artifact: str = "",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, matmul_accuracy: int = FLOAT_ACTIVATIONS) -> None:
         self.providers = providers or ["CPUExecutionProvider"]
         self.threads = threads
         """Intra-op threads (None: ONNX Runtime's default, one per core); benchmarks pin it to torch's count."""
+        self.matmul_accuracy = matmul_accuracy
+        """The ``accuracy_level`` of the ``MatMulNBits`` ONNX Runtime makes of a quantized weight's
+        ``DequantizeLinear`` and ``MatMul`` (``MATMUL_ACCURACY_KEY``)."""
         self.artifact = artifact or (str(model) if isinstance(model, Path) else "")
         self.session = None
         self._path = model if isinstance(model, Path) else None
@@ -70,6 +81,7 @@ class OnnxRuntimeRunner(Runner):
             model, disabled = emulate_bfloat16(model), SESSION_DISABLED_OPTIMIZERS
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.add_session_config_entry(MATMUL_ACCURACY_KEY, str(self.matmul_accuracy))
         if self.threads is not None:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1

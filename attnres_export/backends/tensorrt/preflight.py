@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from attnres_export.dtypes import BY_ONNX, ONNX_FLOAT, ONNX_UNDEFINED, STORAGE_TYPES, onnx_type_name
+from attnres_export.graphs.tensorrt_quantization import dequantize_problems
 from attnres_export.graphs.types import value_types
 from attnres_export.ops.descriptors import OPS, is_attnres
 from attnres_export.ops.onnx_nodes import attribute
@@ -93,7 +94,8 @@ def preflight(
     tensorrt_version: tuple[int, int],
     libraries: Sequence[str] = (),
 ) -> PreflightResult:
-    """Check ``model``'s attnres nodes against ``registry`` as TensorRT ``tensorrt_version`` would parse it."""
+    """Check ``model``'s attnres nodes against ``registry`` as TensorRT ``tensorrt_version`` would parse it, and its
+    quantized weights' DequantizeLinear nodes against TensorRT's quantization rules."""
     requests = node_requests(model)
     result = PreflightResult(requests)
     available = {tuple(k) for k in registry}
@@ -104,6 +106,9 @@ def preflight(
         if node.op_type in functions:
             result.problems.append(_shadowing(request, tensorrt_version))
         result.problems.extend(_dtype_problems(node, request))
+    result.problems.extend(Problem(name, f"TensorRT does not build this quantized weight's DequantizeLinear: {problem} "
+                                         "(docs/quantization.md#tensorrt)")
+                           for name, problem in dequantize_problems(model))
     return result
 
 

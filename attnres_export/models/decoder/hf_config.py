@@ -164,13 +164,10 @@ def parse_hf_config(raw: Any, where: str = "config.json", layers_in_weights: set
 
 
 def _refuse_unknown_keys(raw: dict, family: str, where: str) -> None:
-    if raw.get("quantization_config") is not None:
-        raise CheckpointError(f"{where}: quantization_config: quantized checkpoints are not supported; give "
-                              "floating-point weights (float32, float16 or bfloat16)")
     if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise CheckpointError(f"{where}: partial_rotary_factor {shown(raw['partial_rotary_factor'])}: partial rotary "
                               "embeddings are not supported")
-    known = IRRELEVANT_KEYS | COMMON_KEYS | FAMILY_KEYS[family] | {"quantization_config", "partial_rotary_factor"}
+    known = IRRELEVANT_KEYS | COMMON_KEYS | FAMILY_KEYS[family] | {"partial_rotary_factor"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise CheckpointError(f"{where}: config key{'s' if len(unknown) > 1 else ''} {few(unknown)} not implemented "

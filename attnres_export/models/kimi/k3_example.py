@@ -1,7 +1,9 @@
 """A tiny random Kimi K3 folder (``attnres example --arch kimi-k3 OUT_DIR``) in the layout Moonshot publishes
 (docs/models.md#kimi-k3): ``KimiK3ForConditionalGeneration`` with the text model's config under ``text_config``,
 its tensors under ``language_model.`` with the published names (``block_sparse_moe.experts.{j}.w1/w2/w3``, a 1-D
-``A_log`` of ``head_dim`` values), and small ``vision_tower.*`` / ``mm_projector.*`` tensors beside them.
+``A_log`` of ``head_dim`` values), the routed experts in MXFP4 (compressed-tensors ``mxfp4-pack-quantized``, its
+config under ``text_config.quantization_config``), and small ``vision_tower.*`` / ``mm_projector.*`` tensors beside
+them.
 
 transformers has no K3 model, so the weights are our model's ``init_example`` ones written under those names;
 K3's additions are all on: SiTU with K3's betas, the latent MoE with its norm, the MLA output gate, the full-rank
@@ -37,6 +39,18 @@ the latent width is half the hidden size, as K3's 3584 of 7168."""
 KDA = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4, "use_full_rank_gate": True,
        "gate_lower_bound": -5.0}
 VISION = {"vt_hidden_size": 16, "vt_num_hidden_layers": 1, "patch_size": 14, "text_hidden_size": 64}
+QUANTIZATION_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "input_activations": None, "output_activations": None,
+        "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": True,
+                    "dynamic": False, "observer": "minmax", "scale_dtype": "torch.uint8"}}},
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
+}
+"""Kimi K3's ``text_config.quantization_config`` (docs/quantization.md, review §1.3): compressed-tensors MXFP4
+weights only, packed for the routed experts alone (review §1.4)."""
+_ROUTED_EXPERT = re.compile(r"block_sparse_moe\.experts\.\d+\.w[123]\.weight$")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _SAVED_EXPERTS = re.compile(r"(model\.layers\.\d+\.)mlp\.experts\.(gate_up_proj|down_proj)$")
 
@@ -59,12 +73,20 @@ def write_k3_example_folder(out_dir: Path, seed: int, attn_res_block_size: int |
 
     from attnres_export.models.kimi.lm_config import KimiLinearConfig
     from attnres_export.models.kimi.model import KimiLinearLM
+    from attnres_export.models.store.quantized import mxfp4
 
     text = k3_text_config(layers, attn_res_block_size)
     torch.manual_seed(seed)
     model = KimiLinearLM(KimiLinearConfig.from_hf(text)).eval()
     model.init_example()
-    tensors = {f"language_model.{name}": t for name, t in _published(model).items()}
+    tensors = {}
+    for name, tensor in _published(model).items():
+        if _ROUTED_EXPERT.search(name):
+            tensors |= {f"language_model.{name.removesuffix('weight')}{part}": value
+                        for part, value in mxfp4.pack(tensor).items()}
+        else:
+            tensors[f"language_model.{name}"] = tensor
+    text = {**text, "quantization_config": QUANTIZATION_CONFIG}
     tensors["vision_tower.patch_embed.proj.weight"] = torch.randn(VISION["vt_hidden_size"], 3, 14, 14) * 0.02
     tensors["mm_projector.proj.0.weight"] = torch.randn(TEXT["hidden_size"], VISION["vt_hidden_size"] * 4) * 0.02
     config = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": K3_MODEL_TYPE,

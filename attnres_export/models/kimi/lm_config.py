@@ -44,7 +44,6 @@ means off, as in SGLang's ``kimi_k3.py``; a SiTU ``beta`` that is absent or null
 
 ACTIVATIONS = ("silu", "situ")
 """``hidden_act`` of the feed-forwards: SwiGLU, or Kimi K3's SiTU (``models/kimi/mlp.py``)."""
-MXFP4_FORMAT = "mxfp4-pack-quantized"
 
 KDA_KEYS = frozenset({"linear_attn_config", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim",
                       "layer_types"})
@@ -194,14 +193,6 @@ def _parse(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The derived fields of ``raw`` (a kimi_linear ``config.json``)."""
     if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
         raise CheckpointError(f"model_type {shown(raw.get('model_type'))} is not {MODEL_TYPE!r}")
-    quantization = raw.get("quantization_config")
-    if isinstance(quantization, Mapping) and MXFP4_FORMAT in str(quantization.get("format", "")):
-        method = str(quantization.get("quant_method"))[:60]
-        raise CheckpointError(f"quantization_config: {method} {MXFP4_FORMAT} experts are not dequantized by attnres "
-                              "(the packing is not verified from a public source); give a bfloat16 checkpoint")
-    if quantization is not None:
-        raise CheckpointError("quantization_config: quantized checkpoints are not supported; give floating-point "
-                              "weights")
     values: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for key, value in raw.items():

@@ -205,6 +205,9 @@ class StackedExperts(nn.Module):
     [N, k]) -> [N, D]`` sums each token's experts times their routing weights (products in the promoted dtype of
     activations and weights, as transformers multiplies; the sum in float32)."""
 
+    MATMUL_WEIGHTS = ("gate_up_proj", "down_proj")
+    """Parameters used as matmul weights, input axis last (``models.base.matmul_weight_names``)."""
+
     def __init__(self, config: MoEConfig, hidden_size: int, expert_path: str = "gather+grouped",
                  gather_max_tokens: int = GATHER_MAX_TOKENS) -> None:
         super().__init__()
@@ -365,7 +368,7 @@ def expert_state_from_hf(prefix: str, tensors: Mapping[str, torch.Tensor]) -> di
     ``experts.gate_up_proj`` [E, 2I, D] (gate rows, then up rows) and ``experts.down_proj`` [E, D, I]; or
     already stacked under those two names (``save_pretrained(save_original_format=False)``, the in-memory
     form). ``gate.*`` and ``shared_experts.*`` are passed through. Any other name under ``prefix`` is refused
-    in one line (FP8 ``weight_scale_inv`` scales, Qwen2-MoE's gated ``shared_expert``)."""
+    in one line (Qwen2-MoE's gated ``shared_expert``)."""
     state: dict[str, torch.Tensor] = {}
     per_expert: dict[tuple[int, str], torch.Tensor] = {}
     for name in tensors:
@@ -377,9 +380,6 @@ def expert_state_from_hf(prefix: str, tensors: Mapping[str, torch.Tensor]) -> di
             per_expert[(int(match[1]), match[2])] = tensors[name]
         elif local in _BLOCK_TENSORS:
             state[local] = tensors[name]
-        elif local.endswith("weight_scale_inv"):
-            raise CheckpointError(f"{name}: FP8 block-quantized weights are not supported; dequantize the "
-                                  "checkpoint to bfloat16 first")
         else:
             raise CheckpointError(f"{name}: not a tensor of a Qwen3-MoE or DeepSeek-V3 MoE block")
     if per_expert:

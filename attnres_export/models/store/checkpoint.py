@@ -16,10 +16,12 @@ from torch import nn
 
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import CheckpointError
-from attnres_export.models.base import KeepFloat32, weights_fingerprint
+from attnres_export.models.base import KeepFloat32, matmul_weight_names, weights_fingerprint
 from attnres_export.models.limits import layer_count_refusal, layer_index, layer_indices
 from attnres_export.models.registry import architecture, build_model, config_from_dict
 from attnres_export.models.store.files import PtFile
+from attnres_export.models.store.quantized import QuantizedTensor
+from attnres_export.models.store.quantized.rtn import rtn_quantized
 from attnres_export.models.store.tensors import StoredTensor
 from attnres_export.models.threads import single_threaded
 
@@ -56,14 +58,16 @@ class Checkpoint:
         return model.eval()
 
     def streamed_model(self, dtype: str) -> StreamedModel:
-        """The model with its matrices over ``RESIDENT_BYTES`` left on the meta device in their ``dtype`` type (read
-        from the file when an export writes them, ``StreamedModel.read``); vectors and smaller tensors in memory."""
+        """The model with its matrices over ``RESIDENT_BYTES`` and its quantized weights left on the meta device in
+        their ``dtype`` type (read from the file when an export writes them, ``StreamedModel.read``); vectors and
+        smaller tensors in memory."""
         model = _meta_model(self.config)
         wanted = _held_types(model, self.tensors, dtype)
         state = {}
         with single_threaded():
             for name, stored in self.tensors.items():
-                if _is_vector(stored) or stored.numel() * wanted[name].itemsize <= RESIDENT_BYTES:
+                if not isinstance(stored, QuantizedTensor) and (
+                        _is_vector(stored) or stored.numel() * wanted[name].itemsize <= RESIDENT_BYTES):
                     state[name] = stored.read(wanted[name])
                 else:
                     state[name] = torch.empty(stored.shape, dtype=wanted[name], device="meta")
@@ -72,7 +76,8 @@ class Checkpoint:
                  for name, tensor in [*model.named_parameters(remove_duplicate=False),
                                       *model.named_buffers(remove_duplicate=False)]
                  if tensor.is_meta and name in self.tensors}
-        return StreamedModel(model.eval(), lambda tensor: self._read_meta(by_id, tensor))
+        return StreamedModel(model.eval(), lambda tensor: self._read_meta(by_id, tensor),
+                             lambda tensor: self.tensors.get(by_id.get(id(tensor), "")))
 
     def _read_meta(self, names: dict[int, str], tensor: torch.Tensor) -> torch.Tensor:
         if not tensor.is_meta:
@@ -81,6 +86,26 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: an export asked for a tensor that is not one of the model's "
                                   "(please report this)")
         return self.tensors[names[id(tensor)]].read(tensor.dtype)
+
+    def quantized_on_read(self, bits: int, block_size: int, embeddings: bool) -> Checkpoint:
+        """This checkpoint with its float matmul weights (``models.base.matmul_weight_names``) quantized by
+        round-to-nearest as they are read (``--quantize``); weights stored quantized stay as published."""
+        tensors = dict(self.tensors)
+        for name in matmul_weight_names(_meta_model(self.config), embeddings):
+            stored = tensors.get(name)
+            if stored is not None and not isinstance(stored, QuantizedTensor):
+                tensors[name] = rtn_quantized(stored, bits, block_size, stored.where)
+        if all(tensors[name] is stored for name, stored in self.tensors.items()):
+            return self
+        return Checkpoint(self.path, self.config, tensors, self.fingerprint())
+
+    def quantized_formats(self) -> dict[str, int]:
+        """How many weights are stored in each quantized format (empty for a float checkpoint)."""
+        counts: dict[str, int] = {}
+        for stored in self.tensors.values():
+            if isinstance(stored, QuantizedTensor):
+                counts[stored.format] = counts.get(stored.format, 0) + 1
+        return counts
 
     def fingerprint(self) -> str:
         """``models.base.fingerprint`` of the model, read one tensor at a time."""
@@ -97,6 +122,9 @@ class StreamedModel:
     module: nn.Module
     read: Callable[[torch.Tensor], torch.Tensor]
     """The values of one of the module's tensors (the tensor itself when it is not on the meta device)."""
+    stored: Callable[[torch.Tensor], StoredTensor | None]
+    """The stored tensor a meta tensor of the module reads (a ``QuantizedTensor`` for a quantized weight, which is
+    always left on the meta device, so that an export can keep it quantized); None for a tensor in memory."""
 
 
 def open_checkpoint(path: Path) -> Checkpoint:

@@ -131,7 +131,9 @@ def safetensors_tensors(folder: Path) -> dict[str, StoredTensor]:
 
 
 def file_tensors(file: Path) -> dict[str, StoredTensor]:
-    """The tensors of one safetensors file, from its header; each read opens the file for that tensor only."""
+    """The tensors of one safetensors file, from its header; each read opens the file for that tensor only. Their
+    types are checked by the caller (``check_stored_types``), after a quantized checkpoint's parts have been joined
+    into weights (``models.store.quantized``)."""
     from safetensors import SafetensorError, safe_open
 
     if not file.is_file():
@@ -148,7 +150,6 @@ def file_tensors(file: Path) -> dict[str, StoredTensor]:
         if dtype is None:
             raise CheckpointError(f"{file}: {name} is stored as {stored}, a type attnres does not read (convert the "
                                   "checkpoint to float32, float16 or bfloat16)")
-        check_stored_type(name, dtype, file)
         tensors[name] = StoredTensor(shape, dtype, _safetensors_reader(file, name), f"{file}: {name}")
     return tensors
 

@@ -19,9 +19,9 @@ DENSE = "dense"
 
 STORED_TYPES = frozenset(torch_dtype(name) for name in STORAGE_TYPES)
 """The types weights may be stored in: the storage types (float32, float16, bfloat16). float64 (no export holds
-it) and the float8 types (quantized checkpoints, read by no family yet) are refused by ``check_stored_type``, the one
-place that decides. A one-byte type admitted here needs ``finite`` to widen it first: torch calls every
-float8_e8m0fnu value finite, its NaN (0xFF) included."""
+it) and the float8 and integer types (a quantized checkpoint's parts, which ``models.store.quantized`` joins into
+weights first) are refused by ``check_stored_type``, the one place that decides. A one-byte type admitted here
+needs ``finite`` to widen it first: torch calls every float8_e8m0fnu value finite, its NaN (0xFF) included."""
 
 
 def check_stored_type(name: str, dtype: torch.dtype, where: object) -> None:

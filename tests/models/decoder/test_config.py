@@ -105,7 +105,6 @@ REFUSED = [
     ("llama", {"original_max_position_embeddings": 64}, "original_max_position_embeddings"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act"),
     ("llama", {"sliding_window": 4096}, "sliding_window"),
-    ("llama", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ("llama", {"num_attention_heads": "4"}, "num_attention_heads"),
     ("llama", {"num_key_value_heads": 3}, "num_key_value_heads"),
     ("llama", {"attn_res_block_size": 0}, "attn_res_block_size"),

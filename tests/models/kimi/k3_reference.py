@@ -17,12 +17,37 @@ from safetensors.torch import load_file
 F64 = torch.float64
 
 
+def mxfp4_decompressed(tensors: dict[str, torch.Tensor], quantization: dict | None) -> dict[str, torch.Tensor]:
+    """``tensors`` with each MXFP4 weight's ``weight_packed`` and ``weight_scale`` replaced by its ``weight``, as
+    compressed-tensors' own ``MXFP4PackedCompressor.decompress`` computes it (the reader K3's publishers use)."""
+    packed = [name.removesuffix(".weight_packed") for name in tensors if name.endswith(".weight_packed")]
+    if not packed:
+        return tensors
+    import warnings
+
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    warnings.filterwarnings("ignore", module="compressed_tensors")
+    group = next(iter(quantization["config_groups"].values()))
+    args = QuantizationArgs(**{k: v for k, v in group["weights"].items() if k != "scale_dtype"},
+                            scale_dtype=torch.uint8)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    compressor = BaseCompressor.get_value_from_registry(quantization["format"])
+    out = {k: v for k, v in tensors.items() if not k.endswith((".weight_packed", ".weight_scale"))}
+    for base in packed:
+        parts = {"weight_packed": tensors[f"{base}.weight_packed"], "weight_scale": tensors[f"{base}.weight_scale"]}
+        out[f"{base}.weight"] = compressor.decompress(parts, scheme)["weight"]
+    return out
+
+
 class K3Reference:
     def __init__(self, folder: Path) -> None:
         config = json.loads((folder / "config.json").read_text())
         self.c = config["text_config"]
-        self.w = {k.removeprefix("language_model."): v.to(F64) for k, v in load_file(folder / "model.safetensors")
-                  .items() if k.startswith("language_model.")}
+        self.w = {k.removeprefix("language_model."): v.to(F64) for k, v in mxfp4_decompressed(
+            load_file(folder / "model.safetensors"), self.c.get("quantization_config")).items()
+            if k.startswith("language_model.")}
         self.full = {n - 1 for n in self.c["linear_attn_config"]["full_attn_layers"]}
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:

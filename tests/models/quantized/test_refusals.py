@@ -94,7 +94,8 @@ def test_activation_quantization_is_refused():
 
 
 def test_parts_without_config_and_unknown_methods():
-    refusal(mxfp4_parts(), None, "has quantized parts .* but config.json has no quantization_config")
+    refusal(mxfp4_parts(), None, "stored as uint8, a quantized weight.s part, but config.json has no "
+                                 "quantization_config")
     refusal(mxfp4_parts(), {"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not read")
     nvfp4 = {"weight_packed": torch.zeros(4, 8, dtype=torch.uint8),
              "weight_scale": torch.ones(4, 1).to(torch.float8_e4m3fn), "weight_global_scale": torch.ones(1)}

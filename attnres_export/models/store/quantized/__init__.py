@@ -52,8 +52,11 @@ def quantized_view(tensors: dict[str, StoredTensor], quantization_config: dict |
         return dict(tensors)
     first = next(iter(layers))
     if quantization_config is None:
-        raise refuse(f"{where}: {first}", f"has quantized parts ({', '.join(sorted(layers[first]))}) but config.json "
-                                          "has no quantization_config")
+        suffix, part = next(iter(sorted(layers[first].items())))
+        stored = str(part.dtype).removeprefix("torch.")
+        raise refuse(where, f"{first}.{suffix} is stored as {stored}, a quantized weight's part, but config.json has "
+                            "no quantization_config; attnres reads weights stored as float32, float16 or bfloat16, or "
+                            "a quantized checkpoint with its quantization_config")
     method = str(quantization_config.get("quant_method", ""))
     reader = _READERS.get(method)
     if reader is None:

@@ -30,9 +30,9 @@ class Blocked:
     """A weight as integers in blocks along its input (last) axis, for a graph writer that keeps it quantized:
     ``(values - zero_points) * scales`` per block of ``block_size`` columns is the float weight.
 
-    ``values``: int8 ``[..., out, in]``; ``scales``: float32 ``[..., out, ceil(in / block_size)]``;
-    ``zero_points``: int8 like ``scales``, or ``None`` (symmetric); ``bits``: the range the values keep
-    (4: -8..7 as stored; 8: int8; MXFP4's exact form is bits=8 with values in -12..12)."""
+    ``values``: int8 ``[..., out, in]`` (float8_e4m3fn for the FP8 formats); ``scales``: float32
+    ``[..., out, ceil(in / block_size)]``; ``zero_points``: int8 like ``scales``, or ``None`` (symmetric); ``bits``:
+    the range the values keep (4: -8..7 as stored; 8: int8; MXFP4's exact form is bits=8 with values in -12..12)."""
 
     values: torch.Tensor
     scales: torch.Tensor
@@ -46,6 +46,19 @@ class Blocked:
         if self.zero_points is not None:
             values = values - _per_column(self.zero_points.to(torch.float32), self.block_size, values.shape[-1])
         return values * _per_column(self.scales, self.block_size, values.shape[-1])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a graph writer declares of a weight's blocks before it reads them: the block size along the input
+    axis, the range of the values (``bits``: 4 or 8) and their type (``torch.int8`` for integers,
+    ``torch.float8_e4m3fn`` for FP8), whether there are zero points, and whether every scale is a float16 value."""
+
+    block_size: int
+    bits: int
+    values: torch.dtype
+    zero_points: bool
+    float16_scales: bool
 
 
 def _per_column(blocks: torch.Tensor, block_size: int, columns: int) -> torch.Tensor:
@@ -121,6 +134,10 @@ class QuantizedTensor(StoredTensor):
         """The weight as integer blocks (reads and checks the parts), or ``None`` for a format without them."""
         return self.blocked_from(self.read_parts())
 
+    def layout(self) -> Layout | None:
+        """The layout ``blocked()`` gives, known before the weight is read (``None`` where there are no blocks)."""
+        return None
+
     def _dequantized(self) -> torch.Tensor:
         return self.dequantize(self.read_parts())
 
@@ -166,17 +183,29 @@ class QuantizedJoin(QuantizedTensor):
     def _dequantized(self) -> torch.Tensor:
         return self.join([member._dequantized() for member in self.members], self.dim)
 
+    def layout(self) -> Layout | None:
+        """The members' layout; members that differ only in their values' range take the wider one."""
+        layouts = [member.layout() for member in self.members]
+        if any(layout is None for layout in layouts):
+            return None
+        first = layouts[0]
+        if any((layout.block_size, layout.values, layout.zero_points) !=
+               (first.block_size, first.values, first.zero_points) for layout in layouts):
+            raise refuse(self.where, "joined weights differ in block size, value type or zero points")
+        return Layout(first.block_size, max(layout.bits for layout in layouts), first.values, first.zero_points,
+                      all(layout.float16_scales for layout in layouts))
+
     def blocked(self) -> Blocked | None:
         blocks = [member.blocked() for member in self.members]
         if any(block is None for block in blocks):
             return None
         first = blocks[0]
-        if any(b.block_size != first.block_size or b.bits != first.bits
-               or (b.zero_points is None) != (first.zero_points is None) for b in blocks):
-            raise refuse(self.where, "joined weights differ in block size, bits or zero points")
+        if any(b.block_size != first.block_size or (b.zero_points is None) != (first.zero_points is None)
+               for b in blocks):
+            raise refuse(self.where, "joined weights differ in block size or zero points")
         zero_points = None if first.zero_points is None else self.join([b.zero_points for b in blocks], self.dim)
         return Blocked(self.join([b.values for b in blocks], self.dim), self.join([b.scales for b in blocks], self.dim),
-                       zero_points, first.block_size, first.bits)
+                       zero_points, first.block_size, max(b.bits for b in blocks))
 
 
 def joined(parts: list, dim: int, join: Callable) -> StoredTensor:

@@ -16,6 +16,7 @@ import torch
 
 from attnres_export.models.store.quantized.base import (
     Blocked,
+    Layout,
     QuantizedTensor,
     ceil_div,
     check_dtype,
@@ -67,6 +68,17 @@ class FP8BlockWeight(QuantizedTensor):
     def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         return dequantize_block(parts["weight"], parts["weight_scale_inv"], self.scheme["weight_block_size"],
                                 self.where)
+
+    def layout(self) -> Layout:
+        return Layout(self.scheme["weight_block_size"][1], 8, torch.float8_e4m3fn, False,
+                      self.parts["weight_scale_inv"].dtype == torch.float16)
+
+    def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked:
+        """The FP8 values with one scale per row and block of columns (each block's scale repeated over its rows:
+        one-axis blocks are what ONNX's blocked DequantizeLinear takes)."""
+        rows, columns = self.scheme["weight_block_size"]
+        scale = finite_scale(self.where, "weight_scale_inv", parts["weight_scale_inv"])
+        return Blocked(parts["weight"], scale.repeat_interleave(rows, 0)[:self.shape[0]].contiguous(), None, columns, 8)
 
 
 def scale_shape(strategy: str, weights: dict, shape: torch.Size, where: str) -> list[int] | None:
@@ -139,18 +151,32 @@ class ScaledWeight(QuantizedTensor):
             values = values - per_element(parts["weight_zero_point"].to(torch.float32), strategy, weights, self.shape)
         return values * per_element(scale, strategy, weights, self.shape)
 
-    def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked | None:
+    def layout(self) -> Layout:
+        values = torch.int8 if self.format == INT8_FORMAT else torch.float8_e4m3fn
+        return Layout(self._block_size(), 8, values, "weight_zero_point" in self.parts,
+                      self.parts["weight_scale"].dtype == torch.float16)
+
+    def _block_size(self) -> int:
         strategy = str(self.scheme.get("strategy") or "tensor")
-        if self.format != INT8_FORMAT or strategy == "block":
-            return None
-        out, columns = self.shape
+        if strategy == "group":
+            return int(self.scheme["group_size"])
+        if strategy == "block":
+            return int(self.scheme["block_structure"][1])
+        return self.shape[1]
+
+    def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked:
+        """One scale per row and block of columns: a tensor or channel scale is one block per row, a block scale is
+        repeated over its rows."""
+        strategy = str(self.scheme.get("strategy") or "tensor")
+        out = self.shape[0]
         scale = finite_scale(self.where, "weight_scale", parts["weight_scale"])
         zero = parts.get("weight_zero_point")
         if strategy in ("tensor", "channel"):
             scale = scale.reshape(-1, 1).expand(out, 1).contiguous()
-            zero = None if zero is None else zero.reshape(-1, 1).expand(out, 1).to(torch.int8).contiguous()
-            size = columns
-        else:
-            size = int(self.scheme["group_size"])
-            zero = None if zero is None else zero.to(torch.int8)
-        return Blocked(parts["weight"], scale, zero, size, 8)
+            zero = None if zero is None else zero.reshape(-1, 1).expand(out, 1).contiguous()
+        elif strategy == "block":
+            rows = int(self.scheme["block_structure"][0])
+            scale = scale.repeat_interleave(rows, 0)[:out].contiguous()
+            zero = None if zero is None else zero.repeat_interleave(rows, 0)[:out].contiguous()
+        zero = None if zero is None else zero.to(torch.int8)
+        return Blocked(parts["weight"], scale, zero, self._block_size(), 8)

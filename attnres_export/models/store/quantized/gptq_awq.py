@@ -17,6 +17,7 @@ import torch
 
 from attnres_export.models.store.quantized.base import (
     Blocked,
+    Layout,
     QuantizedTensor,
     ceil_div,
     check_dtype,
@@ -126,6 +127,21 @@ class GPTQAWQWeight(QuantizedTensor):
         q, zeros, scales, rows = self._decoded(parts)
         return ((q.to(torch.float32) - zeros[rows].to(torch.float32)) * scales[rows]).t().contiguous()
 
+    def layout(self) -> Layout | None:
+        """Read ``g_idx`` and the zero points (small) to tell act-order (no blocks) and a GPTQ v1 zero point of 16
+        (outside int4: the values are then written as int8)."""
+        bits, group = _settings(self.scheme, self.where)
+        out, columns = self.shape
+        size = group if group > 0 else columns
+        if "g_idx" in self.parts and not torch.equal(self.parts["g_idx"].read().long(), torch.arange(columns) // size):
+            return None
+        order = None if self.format == GPTQ_FORMAT else AWQ_ORDER
+        zeros = unpack_columns(self.parts["qzeros"].read(), bits, out, order)
+        if self.format == GPTQ_FORMAT and str(self.scheme.get("checkpoint_format", "gptq")) == "gptq":
+            zeros = zeros + 1
+        wide = bool((zeros > 15).any())
+        return Layout(size, 8 if wide else 4, torch.int8, True, self.parts["scales"].dtype == torch.float16)
+
     def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked | None:
         """Values and zero points shifted by -8 (int4 storage is unsigned); a GPTQ v1 zero point of 16 gives 8,
         outside int4 (a writer must then widen). ``None`` with act-order (``g_idx`` not ``i // group_size``)."""
@@ -136,4 +152,4 @@ class GPTQAWQWeight(QuantizedTensor):
         if not torch.equal(rows, torch.arange(columns) // size):
             return None
         return Blocked((q - 8).t().to(torch.int8).contiguous(), scales.t().contiguous(),
-                       (zeros - 8).t().to(torch.int8).contiguous(), size, 4)
+                       (zeros - 8).t().to(torch.int8).contiguous(), size, 8 if bool((zeros > 15).any()) else 4)

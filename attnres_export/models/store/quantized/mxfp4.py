@@ -12,6 +12,7 @@ import torch
 
 from attnres_export.models.store.quantized.base import (
     Blocked,
+    Layout,
     QuantizedTensor,
     check_dtype,
     check_logical_shape,
@@ -86,7 +87,34 @@ class MXFP4Weight(QuantizedTensor):
     def dequantize(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.blocked_from(parts).dequantize()
 
+    def layout(self) -> Layout:
+        return Layout(GROUP, 8, torch.int8, False, False)
+
     def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked:
         if "weight_shape" in parts:
             check_logical_shape(self.where, parts["weight_shape"], self.shape)
         return to_int8(parts["weight_packed"], parts["weight_scale"], self.where)
+
+
+def pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``weight`` ``[out, in]`` (``in`` a multiple of 32) as MXFP4 parts, as the OCP MX specification v1.0 §6.3
+    quantizes: each block's scale ``2**(floor(log2(amax)) - 2)`` (2 is E2M1's largest exponent; an all-zero block
+    gets the smallest, 2**-127), the values rounded to the nearest E2M1 (ties to even), beyond ±6 saturated. Writes
+    the K3 example's experts as Moonshot publishes them."""
+    out, columns = weight.shape
+    if columns % GROUP:
+        raise ValueError(f"{columns} columns are not a whole number of {GROUP}-value blocks")
+    blocks = weight.to(torch.float64).reshape(out, columns // GROUP, GROUP)
+    amax = blocks.abs().amax(-1)
+    exponent = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -127))) - 2,
+                           torch.full_like(amax, -127.0)).clamp(-127, 127)
+    scaled = (blocks / torch.exp2(exponent).unsqueeze(-1)).clamp(-6, 6)
+    magnitudes = TWICE_E2M1[:8].to(torch.float64) / 2
+    distance = (scaled.abs().unsqueeze(-1) - magnitudes).abs()
+    nearest = distance.min(-1, keepdim=True).values
+    ties = distance == nearest
+    even = ties & (torch.arange(8) % 2 == 0)  # of two nearest codes, the one with an even mantissa bit
+    index = torch.where(ties.sum(-1, keepdim=True) > 1, even.float(), ties.float()).argmax(-1)
+    codes = (index | ((scaled < 0) & (index > 0)).to(torch.int64) << 3).reshape(out, columns).to(torch.uint8)
+    return {"weight_packed": codes[:, 0::2] | (codes[:, 1::2] << 4),
+            "weight_scale": (exponent + 127).to(torch.uint8)}

@@ -11,6 +11,7 @@ import torch
 
 from attnres_export.models.store.quantized.base import (
     Blocked,
+    Layout,
     QuantizedTensor,
     ceil_div,
     check_dtype,
@@ -98,6 +99,12 @@ def check(parts: dict[str, StoredTensor], weights: dict, where: str) -> tuple[to
 
 
 class PackedIntWeight(QuantizedTensor):
+    def layout(self) -> Layout:
+        strategy = str(self.scheme.get("strategy") or "tensor")
+        size = int(self.scheme["group_size"]) if strategy == "group" else self.shape[1]
+        return Layout(size, self.scheme["num_bits"], torch.int8, "weight_zero_point" in self.parts,
+                      self.parts["weight_scale"].dtype == torch.float16)
+
     def blocked_from(self, parts: dict[str, torch.Tensor]) -> Blocked:
         bits, strategy = self.scheme["num_bits"], str(self.scheme.get("strategy") or "tensor")
         out, columns = self.shape
