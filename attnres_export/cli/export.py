@@ -86,7 +86,18 @@ def export(
     genai: Annotated[Path | None, typer.Option(
         "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
                         "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
+    hf_onnx: Annotated[Path | None, typer.Option(
+        "--hf-onnx", help="With --with-past --target portable, from a Hugging Face folder: write a folder "
+                          "transformers.js loads here (config.json, generation_config.json, tokenizer files, "
+                          "onnx/model.onnx; docs/transformersjs.md).")] = None,
     version: VersionOption = False,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", metavar="int4|int8", help="Checkpoints: quantize the float linear and expert weights on export "
+        "(weight-only, round to nearest per block; docs/quantization.md).")] = None,
+    quantize_block_size: Annotated[int, typer.Option(
+        "--quantize-block-size", help="With --quantize: input columns per scale (16, 32, 64, 128 or 256).")] = 32,
+    quantize_embeddings: Annotated[bool, typer.Option(
+        "--quantize-embeddings", help="With --quantize: the embedding table and the output head too.")] = False,
     trace_whole: Annotated[bool, typer.Option(
         "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
                               "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
@@ -98,9 +109,16 @@ def export(
     opts = ExportOptions(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
-        trace_whole=trace_whole,
+        trace_whole=trace_whole, quantize=quantize, quantize_block_size=quantize_block_size,
+        quantize_embeddings=quantize_embeddings,
     )
-    if genai is None:
+    if genai is not None and hf_onnx is not None:
+        raise usage_error("--hf-onnx", "--genai and --hf-onnx: one folder per export; run the export once for each")
+    if hf_onnx is not None:
+        from attnres_export.exporter.hf_onnx_options import hf_onnx_options
+
+        opts = hf_onnx_options(opts, hf_onnx, {"--report": report})
+    elif genai is None:
         check_outputs({**export_outputs(opts.resolved_output()), "--report": report}, {"MODEL": model})
         if model_kind(model) == "checkpoint":  # what export_checkpoint refuses before it opens the model, in order
             validate_options(opts)
@@ -111,13 +129,23 @@ def export(
 
         opts = genai_options(opts, genai, {"--report": report})
 
-    from attnres_export.cli.render import fusion_table, fusion_warnings, report_table
+    from attnres_export.cli.render import (
+        fusion_table,
+        fusion_warnings,
+        quantization_table,
+        quantized_line,
+        report_table,
+    )
     from attnres_export.exporter.export import export_any
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
 
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
     with console.status("exporting") as status:
-        if genai is None:
+        if hf_onnx is not None:
+            from attnres_export.exporter.hf_onnx import export_hf_onnx
+
+            result = export_hf_onnx(opts, hf_onnx, foreign, status=lambda text: status.update(text))
+        elif genai is None:
             result = export_any(opts, foreign, status=lambda text: status.update(text))
         else:
             from attnres_export.exporter.genai import export_genai
@@ -130,12 +158,20 @@ def export(
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
                   f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
+    quantized = getattr(result, "quantized", None)
+    if quantized is not None and quantized.formats:
+        console.print(quantized_line(quantized.formats, quantized.stored_bytes, quantized.parameters))
+        for problem, count in quantized.tensorrt_problems.items():
+            err_console.print(f"warning: target tensorrt: TensorRT does not build {count} of these weights "
+                              f"({problem}); the file runs on ONNX Runtime (docs/quantization.md#tensorrt)")
     if target == "tensorrt":
         _warn_pluginless(result.fused_by_type)
     if result.report is None:
         return
     reference = result.report.extra.get("reference", "the float32 PyTorch reference")
     console.print(report_table(result.report, f"Parity against {reference}"))
+    if result.report.extra.get("quantization"):
+        console.print(quantization_table(result.report.extra["quantization"]))
     if report is not None:
         result.report.write_json(report)
         console.print(f"report: {report}")
