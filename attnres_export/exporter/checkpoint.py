@@ -34,7 +34,7 @@ from attnres_export.exporter.options import (
 from attnres_export.exporter.quantized_graph import MIN_OPSET, keep_quantized
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
-from attnres_export.graphs.metadata import EXPORT_KEY
+from attnres_export.graphs.metadata import EXPORT_KEY, QUANTIZE_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.targets import convert
 from attnres_export.models.checkpoint import model_as
@@ -91,6 +91,9 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         quantized = keep_quantized(traced, opts.dtype, opts.target)
         if quantized.formats:
             job.metadata["quantized"] = dict(quantized.formats)
+        if opts.quantize is not None:
+            job.metadata[QUANTIZE_KEY] = {"bits": opts.quantize_bits, "block_size": opts.rtn_block_size,
+                                          "embeddings": opts.quantize_embeddings}
         status("writing the weights to the staging folder")
         graph = stage.write_traced(traced)
         del traced
@@ -122,10 +125,11 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
 
 def quantized_for(opts: ExportOptions, checkpoint: Checkpoint) -> Checkpoint:
     """``checkpoint`` as ``opts`` exports it: with ``--quantize``, its float matmul weights quantized as they are
-    read (the same object again when they already are)."""
+    read (the same object again when they already are); int8 for the ``tensorrt`` target per channel, the int8 form
+    TensorRT builds (docs/quantization.md#tensorrt)."""
     if opts.quantize is None:
         return checkpoint
-    return checkpoint.quantized_on_read(opts.quantize_bits, opts.quantize_block_size, opts.quantize_embeddings)
+    return checkpoint.quantized_on_read(opts.quantize_bits, opts.rtn_block_size, opts.quantize_embeddings)
 
 
 def _models(opts: ExportOptions, checkpoint: Checkpoint) -> tuple[torch.nn.Module, _Weights, Any, str]:

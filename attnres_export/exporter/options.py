@@ -61,6 +61,12 @@ class ExportOptions:
     def quantize_bits(self) -> int | None:
         return None if self.quantize is None else QUANTIZE_BITS[self.quantize]
 
+    @property
+    def rtn_block_size(self) -> int | None:
+        """The block ``--quantize`` quantizes by; None (one scale per row) for int8 to the ``tensorrt`` target, whose
+        int8 dequantization takes no blocks."""
+        return None if self.quantize == "int8" and self.target == "tensorrt" else self.quantize_block_size
+
     def resolved_output(self) -> Path:
         if self.output is not None:
             return self.output

@@ -17,6 +17,9 @@ from attnres_export.graphs.onnx_utils import metadata
 EXPORT_KEY = "attnres.export"
 """Model metadata written by attnres-export: how the file was exported (dtype, target, dim ranges: the defaults
 of ``attnres build``)."""
+QUANTIZE_KEY = "quantize"
+"""The export metadata's record of ``--quantize`` (``bits``, ``block_size``, ``embeddings``): ``attnres check``
+quantizes the checkpoint the same way before it compares."""
 
 
 def export_info(model: onnx.ModelProto) -> dict:

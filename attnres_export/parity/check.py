@@ -7,6 +7,7 @@ checkpoint gives. The check ``attnres-export`` runs on the file it stages is ``p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from attnres_export.backends.base import Runner
 from attnres_export.dims import DimRange, check_shapes, check_shapes_with_past
 from attnres_export.dtypes import Tolerance
 from attnres_export.errors import ParityError
+from attnres_export.graphs.metadata import QUANTIZE_KEY
 from attnres_export.parity.feeds import has_past
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report
@@ -242,7 +244,7 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
                           "check them in separate runs")
     with_past = bool(past)
     status(f"loading {checkpoint}")
-    opened = open_checkpoint(Path(checkpoint))
+    opened = quantized_as_exported(open_checkpoint(Path(checkpoint)), artifacts)
     weightless = weightless_model(opened.config)
     for artifact in artifacts:
         refuse_other_model(artifact, weightless, Path(checkpoint))
@@ -263,6 +265,22 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
     if with_past:
         report.extra.update({"with_past": True, "shapes": "batch x seq x past"})
     return CheckResult(report, artifacts, [run.references for run in runs], run_shapes)
+
+
+def quantized_as_exported(opened, artifacts: Sequence[Artifact]):
+    """The checkpoint quantized on read as ``attnres-export --quantize`` quantized it for ``artifacts`` (their
+    metadata's ``quantize``), so that they are checked against the model they hold; refuses artifacts quantized
+    differently in one line."""
+    settings = {json.dumps(a.recorded.get(QUANTIZE_KEY), sort_keys=True) for a in artifacts}
+    if len(settings) > 1:
+        raise ParityError("the artifacts were exported with different --quantize settings; check them in separate "
+                          "runs")
+    quantize = artifacts[0].recorded.get(QUANTIZE_KEY) if artifacts else None
+    if not quantize:
+        return opened
+    block = quantize["block_size"]
+    return opened.quantized_on_read(int(quantize["bits"]), None if block is None else int(block),
+                                    bool(quantize["embeddings"]))
 
 
 def weightless_model(config) -> torch.nn.Module:

@@ -155,3 +155,23 @@ def test_quantize_refuses_a_model_written_elsewhere(tmp_path, llama_folder):
     assert invoke("export", llama_folder, "--target", "portable", "-o", plain, "--no-check").exit_code == 0
     assert_one_line_error(invoke("export", plain, "-o", tmp_path / "q.onnx", "--quantize", "int4"),
                           "--quantize: only checkpoints")
+
+
+def test_attnres_check_quantizes_the_checkpoint_as_the_export_recorded(llama_folder, tmp_path):
+    out = tmp_path / "q.onnx"
+    assert invoke("export", llama_folder, "--target", "portable", "-o", out, "--quantize", "int8",
+                  "--quantize-block-size", "16", "--no-check").exit_code == 0
+    checked = invoke("check", llama_folder, "--onnx", out)
+    assert checked.exit_code == 0, checked.output
+
+
+def test_int8_for_the_tensorrt_target_is_per_channel_which_tensorrt_builds(llama_folder, tmp_path):
+    out = tmp_path / "q.onnx"
+    result = invoke("export", llama_folder, "-o", out, "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    assert "TensorRT does not build" not in result.output
+    model = onnx.load(str(out), load_external_data=False)
+    scales = {t.name: len(t.dims) for t in model.graph.initializer if t.name.endswith(".scales")}
+    assert len(scales) == 21 and set(scales.values()) == {1}
+    assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                and any(a.name == "block_size" for a in n.attribute)]

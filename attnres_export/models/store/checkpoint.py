@@ -87,9 +87,10 @@ class Checkpoint:
                                   "(please report this)")
         return self.tensors[names[id(tensor)]].read(tensor.dtype)
 
-    def quantized_on_read(self, bits: int, block_size: int, embeddings: bool) -> Checkpoint:
+    def quantized_on_read(self, bits: int, block_size: int | None, embeddings: bool) -> Checkpoint:
         """This checkpoint with its float matmul weights (``models.base.matmul_weight_names``) quantized by
-        round-to-nearest as they are read (``--quantize``); weights stored quantized stay as published."""
+        round-to-nearest as they are read (``--quantize``; ``block_size`` None: per channel); weights stored
+        quantized stay as published."""
         tensors = dict(self.tensors)
         for name in matmul_weight_names(_meta_model(self.config), embeddings):
             stored = tensors.get(name)

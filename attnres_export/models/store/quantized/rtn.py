@@ -75,7 +75,8 @@ class RTNWeight(QuantizedTensor):
     is cached: each call reads the source and quantizes it again."""
 
     def __init__(self, source: StoredTensor, bits: int, block_size: int, where: str) -> None:
-        scheme = {"num_bits": bits, "block_size": block_size, "symmetric": True, "strategy": "group",
+        strategy = "channel" if block_size >= source.shape[-1] else "group"
+        scheme = {"num_bits": bits, "block_size": block_size, "symmetric": True, "strategy": strategy,
                   "observer": "minmax (absmax)"}
         super().__init__(source.shape, format_name(bits), {"weight": source}, scheme, where)
         self.source = source
@@ -103,12 +104,13 @@ class RTNWeight(QuantizedTensor):
         return f"RTNWeight({self.where}, {self.format}, block {self.block_size}, {list(self.shape)})"
 
 
-def rtn_quantized(source: StoredTensor, bits: int, block_size: int, where: str) -> RTNWeight:
-    """``source`` as an ``RTNWeight``; refuses in one line bits other than 4 and 8, a block size outside
-    MatMulNBits' powers of two 16..256, and a source that is not a floating-point matrix (or stack of them)."""
+def rtn_quantized(source: StoredTensor, bits: int, block_size: int | None, where: str) -> RTNWeight:
+    """``source`` as an ``RTNWeight`` (``block_size`` None: one scale per row, per channel); refuses in one line bits
+    other than 4 and 8, a block size outside MatMulNBits' powers of two 16..256, and a source that is not a
+    floating-point matrix (or stack of them)."""
     if bits not in BITS:
         raise refuse(where, f"--quantize int{bits} is not offered: round-to-nearest quantizes to int4 or int8")
-    if block_size not in BLOCK_SIZES:
+    if block_size is not None and block_size not in BLOCK_SIZES:
         raise refuse(where, f"--quantize-block-size {block_size} is not a power of two from 16 to 256 (the block "
                             "sizes ONNX Runtime's MatMulNBits takes)")
     if not source.dtype.is_floating_point:
@@ -117,4 +119,4 @@ def rtn_quantized(source: StoredTensor, bits: int, block_size: int, where: str) 
     if source.dim() < 2:
         raise refuse(where, f"{source.where} has shape {list(source.shape)}; only weights of 2 or more dimensions "
                             "([..., out, in]) are quantized")
-    return RTNWeight(source, bits, block_size, where)
+    return RTNWeight(source, bits, source.shape[-1] if block_size is None else block_size, where)
