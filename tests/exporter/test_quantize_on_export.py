@@ -35,7 +35,8 @@ def initializer_types(path) -> dict[str, int]:
     return {t.name: t.data_type for t in model.graph.initializer}
 
 
-@pytest.mark.parametrize(("bits", "stored"), [("int4", TensorProto.INT4), ("int8", TensorProto.INT8)])
+@pytest.mark.parametrize(("bits", "stored"), [("int4", TensorProto.INT4),
+                                             pytest.param("int8", TensorProto.INT8, marks=pytest.mark.slow)])
 def test_quantize_on_export_keeps_the_weights_quantized_and_passes_against_the_quantized_model(
         llama_folder, tmp_path, bits, stored):
     out, report = tmp_path / "q.onnx", tmp_path / "r.json"
@@ -53,6 +54,7 @@ def test_quantize_on_export_keeps_the_weights_quantized_and_passes_against_the_q
     assert all(check["ok"] for check in written["checks"])
 
 
+@pytest.mark.slow
 def test_quantize_embeddings_quantizes_the_table_and_the_head_and_gathers_rows_before_dequantizing(
         llama_folder, tmp_path):
     out = tmp_path / "q.onnx"
@@ -119,6 +121,7 @@ def test_preflight_refuses_an_int8_blocked_weight_before_tensorrt_parses_it():
                               "(docs/quantization.md#tensorrt)"]
 
 
+@pytest.mark.slow
 def test_the_tensorrt_target_says_which_quantized_weights_tensorrt_will_not_build(tmp_path):
     folder, _, _ = write_k3_example_folder(tmp_path / "k3", seed=0, attn_res_block_size=None, layers=2)
     result = invoke("export", folder, "-o", tmp_path / "k3.onnx", "--no-check")
@@ -127,6 +130,7 @@ def test_the_tensorrt_target_says_which_quantized_weights_tensorrt_will_not_buil
             "is INT4 only)") in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_inspect_lists_storage_formats_of_a_checkpoint_and_stored_types_of_an_onnx(tmp_path, llama_folder):
     folder, _, _ = write_k3_example_folder(tmp_path / "k3", seed=0, attn_res_block_size=None, layers=2)
     shown = invoke("inspect", folder)
@@ -150,6 +154,7 @@ def test_quantize_options_are_refused_in_one_line(llama_folder, tmp_path, args, 
     assert_one_line_error(invoke("export", llama_folder, "-o", tmp_path / "q.onnx", *args), message)
 
 
+@pytest.mark.slow
 def test_quantize_refuses_a_model_written_elsewhere(tmp_path, llama_folder):
     plain = tmp_path / "plain.onnx"
     assert invoke("export", llama_folder, "--target", "portable", "-o", plain, "--no-check").exit_code == 0
@@ -157,6 +162,7 @@ def test_quantize_refuses_a_model_written_elsewhere(tmp_path, llama_folder):
                           "--quantize: only checkpoints")
 
 
+@pytest.mark.slow
 def test_attnres_check_quantizes_the_checkpoint_as_the_export_recorded(llama_folder, tmp_path):
     out = tmp_path / "q.onnx"
     assert invoke("export", llama_folder, "--target", "portable", "-o", out, "--quantize", "int8",
@@ -165,6 +171,7 @@ def test_attnres_check_quantizes_the_checkpoint_as_the_export_recorded(llama_fol
     assert checked.exit_code == 0, checked.output
 
 
+@pytest.mark.slow
 def test_int8_for_the_tensorrt_target_is_per_channel_which_tensorrt_builds(llama_folder, tmp_path):
     out = tmp_path / "q.onnx"
     result = invoke("export", llama_folder, "-o", out, "--quantize", "int8")
