@@ -12,6 +12,7 @@ from pathlib import Path
 from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError
 from attnres_export.exporter.options import ExportOptions
+from attnres_export.exporter.output_folders import refuse_unless_replaceable
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"
@@ -61,14 +62,7 @@ def genai_folders(folder: Path, check: bool) -> dict[str, Path]:
 def check_folder(folder: Path, option: str) -> None:
     """A folder the export may replace is new, empty, or one an earlier ``--genai`` export wrote (only the files it
     writes, its model stamped by attnres-export): a folder the command did not write is never replaced."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ExportError(f"{option} {folder} is not a folder (a file or a link); choose a folder path")
-    if not folder.is_dir() or not any(folder.iterdir()):
-        return
-    reason = _not_written_by_genai_export(folder)
-    if reason is not None:
-        raise ExportError(f"{option} {folder} exists and is not an onnxruntime-genai folder attnres-export wrote "
-                          f"({reason}), so it is not replaced; move it away or choose another --genai folder")
+    refuse_unless_replaceable(folder, option, "an onnxruntime-genai folder", _not_written_by_genai_export)
 
 
 def _not_written_by_genai_export(folder: Path) -> str | None:

@@ -11,12 +11,12 @@ end-of-sequence id. A folder that names no end-of-sequence id at all is refused,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnres_export.errors import ExportError
+from attnres_export.exporter.output_folders import json_object
 
 GENERATION_CONFIG = "generation_config.json"
 HF_CONFIG = "config.json"
@@ -180,14 +180,4 @@ def _tokenizer_vocab(path: Path) -> dict[str, int]:
 
 def json_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict:
     """A JSON object file, or {} when there is none."""
-    if not path.is_file():
-        return {}
-    if path.stat().st_size > limit:
-        raise ExportError(f"--genai: {path} is over {limit >> 20} MB; not a model configuration file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ExportError(f"--genai: {path} is not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"--genai: {path} is not a JSON object")
-    return data
+    return json_object(path, "--genai", limit)

@@ -6,7 +6,6 @@ the tokenizer and generation files it copies must lie in the model's folder."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from attnres_export.atomic import check_outputs
 from attnres_export.errors import ExportError
 from attnres_export.exporter.genai_options import TOKENIZER_FILES, failed_folder, tokens_folder
 from attnres_export.exporter.options import ExportOptions
+from attnres_export.exporter.output_folders import json_object, refuse_unless_replaceable
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -88,19 +88,9 @@ def hf_model_type(source: Path) -> str:
                       f"{runs} from this exporter")
 
 
-def read_json(path: Path, limit: int = 1 << 20) -> dict:
-    """A JSON object file of at most ``limit`` bytes, or {} when there is none."""
-    if not path.is_file():
-        return {}
-    if path.stat().st_size > limit:
-        raise ExportError(f"--hf-onnx: {path} is over {limit >> 20} MB; not a model configuration file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ExportError(f"--hf-onnx: {path} is not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"--hf-onnx: {path} is not a JSON object")
-    return data
+def read_json(path: Path) -> dict:
+    """A JSON object file of the source folder (at most 1 MB), or {} when there is none."""
+    return json_object(path, "--hf-onnx")
 
 
 def hf_onnx_folders(folder: Path, check: bool) -> dict[str, Path]:
@@ -111,14 +101,7 @@ def hf_onnx_folders(folder: Path, check: bool) -> dict[str, Path]:
 def check_folder(folder: Path, option: str) -> None:
     """A folder the export may replace is new, empty, or one an earlier ``--hf-onnx`` export wrote (only the files
     it writes, its model stamped by attnres-export): a folder the command did not write is never replaced."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ExportError(f"{option} {folder} is not a folder (a file or a link); choose a folder path")
-    if not folder.is_dir() or not any(folder.iterdir()):
-        return
-    reason = _not_written_by_hf_onnx_export(folder)
-    if reason is not None:
-        raise ExportError(f"{option} {folder} exists and is not a transformers.js folder attnres-export wrote "
-                          f"({reason}), so it is not replaced; move it away or choose another --hf-onnx folder")
+    refuse_unless_replaceable(folder, option, "a transformers.js folder", _not_written_by_hf_onnx_export)
 
 
 def _not_written_by_hf_onnx_export(folder: Path) -> str | None:
