@@ -88,7 +88,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         stage = Stage(folder, out.name)
         traced = job.trace(status)
         job.trace = None
-        quantized = keep_quantized(traced, opts.dtype, opts.target)
+        quantized = keep_quantized(traced, opts.dtype, opts.target, opts.matmul_nbits)
         if quantized.formats:
             job.metadata["quantized"] = dict(quantized.formats)
         if opts.quantize is not None:

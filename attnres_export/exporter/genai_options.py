@@ -46,7 +46,7 @@ def genai_options(opts: ExportOptions, folder: Path, outputs: Mapping[str, Path 
     for option, path in folders.items():
         check_folder(path, option)
     tokenizer_files(tokens_folder(opts.source))
-    return replace(opts, output=folder / MODEL_FILE)
+    return replace(opts, output=folder / MODEL_FILE, matmul_nbits=True)
 
 
 def failed_folder(folder: Path) -> Path:

@@ -56,6 +56,9 @@ class ExportOptions:
     quantize_block_size: int = 32
     quantize_embeddings: bool = False
     """With ``quantize``: the embedding table and the output head too."""
+    matmul_nbits: bool = False
+    """Write a quantized matrix read by one ``MatMul`` as ``com.microsoft.MatMulNBits`` (``--genai`` folders, whose
+    ONNX Runtime session attnres cannot configure; docs/quantization.md#onnxruntime-genai-folders)."""
 
     @property
     def quantize_bits(self) -> int | None:

@@ -63,11 +63,12 @@ class _LastBlocks:
         return self.blocks
 
 
-def keep_quantized(model: ir.Model, dtype: str, target: str) -> QuantizedWeights:
+def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool = False) -> QuantizedWeights:
     """Replace, in place, every initializer of ``model`` made from a quantized weight by a ``DequantizeLinear`` of
     its blocks, cast to the export ``dtype`` where the scales are of another type. For the ``tensorrt`` target a
     matrix with one scale per row (and no zero points) is written per channel (a 1-D scale), the form TensorRT
-    takes for INT8 and FP8."""
+    takes for INT8 and FP8. With ``matmul_nbits``, an integer matrix that only ``MatMul``s read as their weight is
+    written as ``com.microsoft.MatMulNBits`` with float32 activations (``accuracy_level`` 1)."""
     cache = _LastBlocks()
     export_type = from_torch_dtype(torch_dtype(dtype))
     done = QuantizedWeights(Counter(), 0, 0, Counter())
@@ -84,6 +85,11 @@ def keep_quantized(model: ir.Model, dtype: str, target: str) -> QuantizedWeights
         perm = _permutation(nodes, len(weight.shape), value.name)
         if layout.bits == 4 and _gathered(value):
             layout = replace(layout, bits=8)
+        if matmul_nbits and _as_matmul_nbits(model.graph, value, weight, layout, perm, cache, export_type):
+            done.formats[weight.format] += 1
+            done.stored_bytes += weight.stored_nbytes
+            done.parameters += math.prod(weight.shape)
+            continue
         per_channel = (target == "tensorrt" and len(weight.shape) == 2 and layout.block_size >= weight.shape[-1]
                        and not layout.zero_points and layout.bits == 8)
         parts = _initializers(model.graph, weight, layout, perm, cache, export_type, value.name, per_channel)
@@ -108,6 +114,78 @@ def keep_quantized(model: ir.Model, dtype: str, target: str) -> QuantizedWeights
                 raise ExportError(f"quantized weights need opset {MIN_OPSET} or higher, the export has "
                                   f"{model.graph.opset_imports[opset]} (please report this)")
     return done
+
+
+MATMUL_NBITS_ACCURACY = 1
+"""``accuracy_level`` 1: float32 activations, so the graph computes the dequantized model it holds."""
+
+
+def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, layout: Layout, perm: list[int],
+                     cache: _LastBlocks, export_type: ir.DataType, ) -> bool:
+    """Replace each ``MatMul(x, value)`` by ``MatMulNBits(x, B, scales[, zero_points])`` when ``value`` is the
+    transposed ``[in, out]`` form of a 2-D integer ``weight`` read by nothing else, and the scales are exact in the
+    activations' type (float32, or float16 with float16 scales); False (nothing done) otherwise. ``B`` holds the
+    values offset to unsigned (``q + 2**(bits-1)``, MatMulNBits' default zero point) ``[out, blocks, block*bits/8]``,
+    the first of two 4-bit values in the low nibble; the zero points likewise, packed per row."""
+    uses = list(value.uses())
+    if (len(weight.shape) != 2 or perm != [1, 0] or layout.values != torch.int8 or not uses
+            or any(node.op_type != "MatMul" or node.domain != "" or index != 1 for node, index in uses)
+            or export_type not in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+            or (export_type == ir.DataType.FLOAT16 and not layout.float16_scales)):
+        return False
+    rows, columns = weight.shape
+    bits, block = layout.bits, layout.block_size
+    if block < 16 or block & (block - 1):
+        return False
+    blocks = -(-columns // block)
+    base = value.name or "quantized"
+    scale_dtype = torch.float16 if export_type == ir.DataType.FLOAT16 else torch.float32
+
+    def packed_values() -> torch.Tensor:
+        values = cache.of(weight).values.to(torch.int16) + (1 << (bits - 1))
+        values = torch.nn.functional.pad(values, (0, blocks * block - columns), value=1 << (bits - 1))
+        return _packed_unsigned(values.reshape(rows, blocks, block), bits)
+
+    def scales() -> torch.Tensor:
+        return cache.of(weight).scales.reshape(-1).to(scale_dtype)
+
+    def zero_points() -> torch.Tensor:
+        offset = cache.of(weight).zero_points.to(torch.int16) + (1 << (bits - 1))
+        return _packed_unsigned(offset, bits)
+
+    inputs = [_initializer(graph, f"{base}.B", packed_values, ir.DataType.UINT8, [rows, blocks, block * bits // 8]),
+              _initializer(graph, f"{base}.scales", scales, from_torch_dtype(scale_dtype), [rows * blocks])]
+    if layout.zero_points:
+        inputs.append(_initializer(graph, f"{base}.zero_points", zero_points, ir.DataType.UINT8,
+                                   [rows, -(-blocks * bits // 8)]))
+    attributes = [ir.AttrInt64("K", columns), ir.AttrInt64("N", rows), ir.AttrInt64("bits", bits),
+                  ir.AttrInt64("block_size", block), ir.AttrInt64("accuracy_level", MATMUL_NBITS_ACCURACY)]
+    for node, _ in uses:
+        fused = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], *inputs], attributes=attributes,
+                        name=f"{node.name}/MatMulNBits")
+        fused.outputs[0].name, fused.outputs[0].type = node.outputs[0].name, node.outputs[0].type
+        fused.outputs[0].shape = node.outputs[0].shape
+        node.graph.insert_before(node, [fused])
+        old = node.outputs[0]
+        ir.convenience.replace_all_uses_with(old, fused.outputs[0])
+        if old.is_graph_output():
+            outputs = node.graph.outputs
+            outputs[outputs.index(old)] = fused.outputs[0]
+        old.name = None
+        node.graph.remove(node, safe=True)
+    graph.initializers.pop(value.name)
+    graph.opset_imports.setdefault("com.microsoft", 1)
+    return True
+
+
+def _packed_unsigned(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned ``values`` (last axis packed) as bytes: 8-bit as they are, 4-bit two to a byte, low nibble first."""
+    values = values.to(torch.uint8)
+    if bits == 8:
+        return values.contiguous()
+    if values.shape[-1] % 2:
+        values = torch.nn.functional.pad(values, (0, 1))
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).contiguous()
 
 
 def _gathered(value: ir.Value) -> bool:

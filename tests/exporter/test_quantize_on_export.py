@@ -182,3 +182,17 @@ def test_int8_for_the_tensorrt_target_is_per_channel_which_tensorrt_builds(llama
     assert len(scales) == 21 and set(scales.values()) == {1}
     assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear"
                 and any(a.name == "block_size" for a in n.attribute)]
+
+
+@pytest.mark.slow
+def test_an_int4_genai_folder_generates_the_quantized_models_greedy_tokens(tmp_path):
+    from attnres_export.decode.generate import generate, torch_decoder
+    from tests.exporter.genai_helpers import NEW_TOKENS, PROMPTS, genai_generate, write_family_folder
+
+    folder = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2)
+    out = tmp_path / "genai"
+    result = invoke("export", folder, "--with-past", "--target", "portable", "--genai", out, "--quantize", "int4")
+    assert result.exit_code == 0, result.output
+    quantized = open_checkpoint(folder).quantized_on_read(4, 32, embeddings=False).model()
+    expected = [generate(torch_decoder(quantized), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
+    assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected
