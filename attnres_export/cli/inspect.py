@@ -21,6 +21,9 @@ def inspect(
     trust_pickle: Annotated[bool, typer.Option(
         "--trust-pickle", help="A .pt2 whose archive would be unpickled: load it anyway (runs code from the file; "
                                "only for files you trust).")] = False,
+    tensors: Annotated[bool, typer.Option(
+        "--tensors", help="A checkpoint: list every tensor with its shape, storage format and bytes per parameter.")]
+    = False,
 ) -> None:
     """Summarise a checkpoint (config, parameters), a .pt2 program (inputs, outputs and dims as attnres-export
     names them) or an ONNX (opsets, inputs, attnres nodes)."""
@@ -31,10 +34,10 @@ def inspect(
         _inspect_program(file, trust_pickle)
     else:
         require_config(file)
-        _inspect_checkpoint(file)
+        _inspect_checkpoint(file, tensors)
 
 
-def _inspect_checkpoint(file: Path) -> None:
+def _inspect_checkpoint(file: Path, each_tensor: bool) -> None:
     """The config and the tensors' storage, from the config and the headers (no weight is read)."""
     import torch
 
@@ -54,6 +57,20 @@ def _inspect_checkpoint(file: Path) -> None:
     console.print(table_of("tensors by storage format (as stored; bytes per parameter)",
                            ("format", "stored as", "tensors", "parameters", "bytes", "bytes/param"),
                            _storage_rows(checkpoint.tensors)))
+    if each_tensor:
+        console.print(table_of("every tensor (state_dict names; quantized experts stacked as the model holds them)",
+                               ("tensor", "shape", "format", "bytes/param"), _tensor_rows(checkpoint.tensors)))
+
+
+def _tensor_rows(tensors: dict) -> list[tuple[str, ...]]:
+    from attnres_export.models.store.quantized import QuantizedTensor
+
+    rows = []
+    for name, stored in tensors.items():
+        size = stored.stored_nbytes if isinstance(stored, QuantizedTensor) else stored.nbytes
+        shown = stored.format if isinstance(stored, QuantizedTensor) else str(stored.dtype).removeprefix("torch.")
+        rows.append((name, "x".join(map(str, stored.shape)), shown, f"{size / max(stored.numel(), 1):.3g}"))
+    return rows
 
 
 def _storage_rows(tensors: dict) -> list[tuple[str, ...]]:

@@ -137,6 +137,10 @@ def test_inspect_lists_storage_formats_of_a_checkpoint_and_stored_types_of_an_on
     assert shown.exit_code == 0, shown.output
     row = next(line for line in shown.output.splitlines() if line.startswith("mxfp4-pack-quantized"))
     assert row.split()[-1] == "0.531"  # half a byte per value and one scale byte per 32
+    listed = invoke("inspect", folder, "--tensors")
+    assert listed.exit_code == 0, listed.output
+    experts = next(line for line in listed.output.splitlines() if "mlp.experts.down_proj" in line).split()
+    assert experts[-2:] == ["mxfp4-pack-quantized", "0.531"]
     out = tmp_path / "q.onnx"
     assert invoke("export", llama_folder, "--target", "portable", "-o", out, "--quantize", "int4",
                   "--no-check").exit_code == 0
