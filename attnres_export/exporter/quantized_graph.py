@@ -121,7 +121,7 @@ MATMUL_NBITS_ACCURACY = 1
 
 
 def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, layout: Layout, perm: list[int],
-                     cache: _LastBlocks, export_type: ir.DataType, ) -> bool:
+                     cache: _LastBlocks, export_type: ir.DataType) -> bool:
     """Replace each ``MatMul(x, value)`` by ``MatMulNBits(x, B, scales[, zero_points])`` when ``value`` is the
     transposed ``[in, out]`` form of a 2-D integer ``weight`` read by nothing else, and the scales are exact in the
     activations' type (float32, or float16 with float16 scales); False (nothing done) otherwise. ``B`` holds the
