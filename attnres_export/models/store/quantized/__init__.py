@@ -65,6 +65,11 @@ def quantized_view(tensors: dict[str, StoredTensor], quantization_config: dict |
     view = dict(tensors)
     for prefix, parts in layers.items():
         at = f"{where}: {prefix}"
+        if set(parts) == {"weight"}:
+            stored = str(parts["weight"].dtype).removeprefix("torch.")
+            raise refuse(where, f"{prefix}.weight is stored as {stored} with no scale, which no quantized format "
+                                "has; attnres reads weights stored as float32, float16 or bfloat16, or quantized "
+                                "with their scales")
         weight = reader(prefix, parts, quantization_config, at)
         for suffix in parts:
             del view[f"{prefix}.{suffix}"]
