@@ -142,8 +142,8 @@ def test_quantized_folder_exports_and_passes_its_own_parity_check(exports, fmt, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fmt", "family"), [("int4-sym", "llama"), ("mxfp4", "qwen3")])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("fmt", "family", "dtype"), [("int4-sym", "llama", "float16"),
+                                                      ("mxfp4", "qwen3", "bfloat16")])
 def test_quantized_folder_exports_in_half_types_and_passes_its_parity_check(exports, fmt, family, dtype):
     export = exports.quantized(fmt, family, dtype)
     assert_exported_and_checked(export, fmt, dtype)

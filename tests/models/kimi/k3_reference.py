@@ -189,3 +189,17 @@ class K3Reference:
         for _ in range(new_tokens):
             tokens.append(int(self.logits(tokens)[-1].argmax()))
         return tokens[len(ids):]
+
+
+def with_float_experts(folder: Path) -> Path:
+    """Rewrite a K3 example folder's MXFP4 experts as float32 (decompressed by compressed-tensors) and drop its
+    ``quantization_config``: a K3 folder whose whole model a trace can hold (``--trace-whole``) and TensorRT builds."""
+    from safetensors.torch import save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    quantization = config["text_config"].pop("quantization_config")
+    tensors = mxfp4_decompressed(load_file(folder / "model.safetensors"), quantization)
+    save_file({k: v.float().contiguous() if k.endswith(".weight") and v.dtype == torch.bfloat16 else v
+               for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
