@@ -51,6 +51,7 @@ import onnxruntime
 import onnxruntime_genai as og
 import torch
 from export_memory import run_child
+from family_decode import run_decoder as family_run_decoder
 from genai_decode import _tokenizer
 from genai_decode import generate as genai_generate
 from genai_decode import load as genai_load
@@ -132,19 +133,10 @@ def ort_decoder(path: Path, threads: int, accuracy: int):
 
 
 def run_decoder(decoder, prompt: np.ndarray, new: int) -> tuple[float, list[int]]:
-    """Decode tokens/s over all rows (prefill at past 0, then ``new - 1`` cached steps) and the first row's tokens."""
-    b, n = prompt.shape
-    logits, past = decoder.step(prompt, np.ones((b, n), np.int64), np.broadcast_to(np.arange(n), (b, n)).copy(),
-                                decoder.empty_past(b))
-    token = logits[:, -1].argmax(-1)
-    tokens = [int(token[0])]
-    start = time.perf_counter()
-    for pos in range(n, n + new - 1):
-        logits, past = decoder.step(token[:, None].astype(np.int64), np.ones((b, pos + 1), np.int64),
-                                    np.full((b, 1), pos, np.int64), past)
-        token = logits[:, -1].argmax(-1)
-        tokens.append(int(token[0]))
-    return b * (new - 1) / (time.perf_counter() - start), tokens
+    """Decode tokens/s over all rows (prefill at past 0, then ``new - 1`` cached steps) and the first row's tokens,
+    timed as family_decode.py times our decoders."""
+    timing = family_run_decoder(decoder, prompt, new)
+    return prompt.shape[0] * (new - 1) / timing.decode_s, timing.tokens
 
 
 def run_genai(model, prompt: np.ndarray, new: int) -> tuple[float, list[int]]:
