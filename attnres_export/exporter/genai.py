@@ -27,9 +27,7 @@ from attnres_export.errors import PickledModelError
 from attnres_export.exporter.checkpoint import quantized_for
 from attnres_export.exporter.export import export_any, model_kind
 from attnres_export.exporter.foreign import ForeignOptions
-from attnres_export.exporter.genai_attention import group_query_attention
 from attnres_export.exporter.genai_config import genai_config
-from attnres_export.exporter.genai_norms import simplified_layer_norms
 from attnres_export.exporter.genai_options import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -43,6 +41,8 @@ from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_
 from attnres_export.exporter.options import ExportOptions, ExportResult
 from attnres_export.graphs.metadata import EXPORT_KEY, export_info
 from attnres_export.graphs.onnx_utils import set_metadata
+from attnres_export.graphs.onnxruntime_ops.attention import group_query_attention
+from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms
 from attnres_export.models.store import Checkpoint, open_checkpoint
 
 

@@ -175,8 +175,8 @@ def test_a_cache_onnxruntime_genai_does_not_allocate_is_refused_in_one_line_and_
 def test_a_layer_whose_attention_does_not_match_stays_standard_and_the_cache_is_not_shared(block_checkpoint,
                                                                                         tmp_path):
     from attnres_export.exporter.checkpoint import export_checkpoint
-    from attnres_export.exporter.genai_attention import group_query_attention
     from attnres_export.exporter.options import ExportOptions
+    from attnres_export.graphs.onnxruntime_ops.attention import group_query_attention
 
     plain = export_checkpoint(ExportOptions(block_checkpoint, tmp_path / "m.onnx", target="portable",
                                             with_past=True, check=False)).path
@@ -318,7 +318,7 @@ def _rms_norm_model(exponent: float) -> onnx.ModelProto:
 def test_an_rms_norm_becomes_one_simplified_layer_normalization_computing_the_numpy_rms_norm():
     import onnxruntime as ort
 
-    from attnres_export.exporter.genai_norms import simplified_layer_norms
+    from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms
 
     model = _rms_norm_model(2.0)
     assert simplified_layer_norms(model) == 1

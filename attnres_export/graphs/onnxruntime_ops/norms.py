@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper as oh
 
-from attnres_export.exporter.genai_attention import Nodes, attr, constant_value, drop_dead_nodes, scalar_operand
+from attnres_export.graphs.onnxruntime_ops.nodes import Nodes, attr, constant_value, drop_dead_nodes, scalar_operand
 
 
 def simplified_layer_norms(model: onnx.ModelProto) -> int:
