@@ -28,17 +28,18 @@ FOLDERS = {
 
 SLOW = [
     (Case("llama"), 4),
-    (Case("qwen3-k3", "float16"), 4),
+    pytest.param(Case("qwen3-k3", "float16"), 4, marks=pytest.mark.full),
     (Case("qwen3-k3", "bfloat16", with_past=True, fuse_norm=True), 5),
     (Case("qwen2-tied", "float32", with_past=True, target="portable"), 4),
-    (Case("qwen3-moe-k3", "float32", with_past=True), 4),
+    pytest.param(Case("qwen3-moe-k3", "float32", with_past=True), 4, marks=pytest.mark.full),
     (Case("qwen3-moe-k3", "float16", fuse_norm=True), 5),
-    (Case("qwen3-moe-k3", "bfloat16", with_past=True), 4),
+    pytest.param(Case("qwen3-moe-k3", "bfloat16", with_past=True), 4, marks=pytest.mark.full),
     (Case("deepseek-k3", "float32", with_past=True, fuse_norm=True), 6),
-    (Case("deepseek", "float16", with_past=True), 5),
+    pytest.param(Case("deepseek", "float16", with_past=True), 5, marks=pytest.mark.full),
 ]
 """(case, kinds of piece traced): embedding, attention (grouped-query or latent), dense and/or MoE feed-forward,
-head, and with ``fuse_norm`` layer 0's attention that keeps its PreNorm."""
+head, and with ``fuse_norm`` layer 0's attention that keeps its PreNorm. The ``full`` cases repeat what the others
+cover (each family, dtype, target, with-past and fuse-norm stays in CI's ``-m "slow and not full"``)."""
 
 
 @pytest.fixture(scope="module")

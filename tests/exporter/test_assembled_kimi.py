@@ -26,15 +26,16 @@ FOLDERS = {"k3": ("kimi_linear", 2, 4), "k3-block1": ("kimi_linear", 1, 4), "sta
 attention (and for ``kimi_k3`` K3's pattern of 5 layers: KDA x 3, latent attention, latent attention)."""
 
 SLOW = [
-    (Case("k3"), 6),
+    pytest.param(Case("k3"), 6, marks=pytest.mark.full),
     (Case("k3", "float16", target="portable"), 6),
-    (Case("k3-block1", "float32", with_past=True), 6),
+    pytest.param(Case("k3-block1", "float32", with_past=True), 6, marks=pytest.mark.full),
     (Case("k3-block1", "float16", with_past=True, fuse_norm=True), 7),
-    (Case("standard", "float16", with_past=True), 6),
+    pytest.param(Case("standard", "float16", with_past=True), 6, marks=pytest.mark.full),
     (Case("k3-published", "float16", with_past=True), 6),
 ]
 """(case, kinds of piece traced): embedding, KDA, latent attention, dense and MoE feed-forwards, head, and with
-``fuse_norm`` the PreNorm-less kinds (layer 0's KDA keeps its PreNorm)."""
+``fuse_norm`` the PreNorm-less kinds (layer 0's KDA keeps its PreNorm). The ``full`` cases repeat what the others
+cover (CI keeps Kimi Linear plain portable and with-past fuse-norm, and the K3 layout with-past)."""
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ def _checkpoint(path: Path, **overrides) -> tuple[Path, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.full), "float16",
+                                   pytest.param("bfloat16", marks=pytest.mark.full)])
 def test_assembled_realformer_is_the_whole_model_trace(tmp_path, dtype):
     path, _ = _checkpoint(tmp_path / "realformer.pt")
     assert_same_model(path, tmp_path, Case("realformer", dtype), kinds=4)

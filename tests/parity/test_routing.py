@@ -64,8 +64,10 @@ def judged(tmp_path: Path, near_tie_float16: tuple[Path, Path], dtype: str, comm
     return check_artifacts(folder, [exported(folder, dtype)]).report
 
 
-@pytest.mark.parametrize(("dtype", "command"), slow_after([("float16", "check"), ("float16", "export"),
-                                                           ("bfloat16", "check"), ("bfloat16", "export")]))
+@pytest.mark.parametrize(("dtype", "command"), [
+    *slow_after([("float16", "check"), ("float16", "export"), ("bfloat16", "check")]),
+    pytest.param("bfloat16", "export", marks=[pytest.mark.slow, pytest.mark.full]),  # both dtypes and commands above
+])
 def test_a_half_export_that_breaks_near_ties_the_other_way_passes_on_its_own_routing(tmp_path, near_tie_float16,
                                                                                      dtype, command):
     report = judged(tmp_path, near_tie_float16, dtype, command)

@@ -14,7 +14,6 @@ from attnres_export.exporter.checkpoint import export_checkpoint
 from attnres_export.exporter.options import ExportOptions
 from attnres_export.models.decoder.example import FAMILY_EXTRAS, write_example_folder
 from attnres_export.models.registry import architecture
-from tests.conftest import slow_after
 from tests.models.kimi.k3_reference import with_float_experts
 
 
@@ -38,8 +37,15 @@ def family_exports(tmp_path_factory) -> dict:
     return export
 
 
+REPEATED_FAMILIES = ("qwen2", "qwen3")
+"""Dense grouped-query families whose builds repeat llama's (the same plugin nodes and cache inputs): ``full``, out
+of CI's ``-m "slow and not full"``. The builds themselves take well under a second; each family's two exports cost
+the time."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", slow_after(list(FAMILY_EXTRAS)))
+@pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.full if family in REPEATED_FAMILIES else ())
+                                    for family in FAMILY_EXTRAS])
 def test_plain_and_with_past_exports_build_with_every_aggregation_as_plugin(fake_trt, libraries, family_exports,
                                                                            tmp_path, family):
     plain, past = family_exports(family)
@@ -63,6 +69,8 @@ def _past_axis(name: str) -> int:
 
 KIMI_FOLDERS = {"kimi_linear": 4, "kimi_k3": 5}
 """Layers of each Kimi folder kind: KDA and latent attention interleaved, the K3 one with a partial last block."""
+KIMI_KINDS = [pytest.param("kimi_linear", marks=pytest.mark.full), "kimi_k3"]
+"""``kimi_linear`` is ``full`` (its KDA and latent caches are the K3 folder's; its three exports cost the time)."""
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +99,7 @@ def kimi_exports(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", list(KIMI_FOLDERS))
+@pytest.mark.parametrize("kind", KIMI_KINDS)
 def test_kimi_plain_and_with_past_portable_exports_build_with_a_profile_for_every_state_input(
         fake_trt, libraries, kimi_exports, tmp_path, kind):
     plain, past, _ = kimi_exports(kind)
@@ -112,7 +120,7 @@ def test_kimi_plain_and_with_past_portable_exports_build_with_a_profile_for_ever
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", list(KIMI_FOLDERS))
+@pytest.mark.parametrize("kind", KIMI_KINDS)
 def test_kimi_tensorrt_target_build_is_refused_naming_kimi_delta_attention(fake_trt, libraries, kimi_exports,
                                                                           tmp_path, kind):
     _, _, past = kimi_exports(kind)
