@@ -1,5 +1,7 @@
 """Decode tokens/s and prefill time per decoder family, on the same weights: ONNX Runtime CPU on our with-past ONNX
-(``attnres-export FOLDER --with-past --target portable``) vs our eager PyTorch decoder (``attnres generate --backend
+of the ``portable`` target (``attnres-export FOLDER --with-past --target portable``, standard ops) and of the
+``onnxruntime`` target (``ort-fused``: ONNX Runtime's own fused ops, docs/onnxruntime-target.md) vs our eager PyTorch
+decoder (``attnres generate --backend
 pytorch``'s path) vs transformers' eager ``generate`` (greedy, ``do_sample=False``, ``use_cache=True``), batch 1 and 8,
 plus the export time of each folder.
 
@@ -36,7 +38,8 @@ import torch
 import transformers
 
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_linear")
-BACKENDS = ("onnxruntime", "ours-eager", "transformers")
+BACKENDS = ("onnxruntime", "ort-fused", "ours-eager", "transformers")
+"""``onnxruntime``: the portable target's graph; ``ort-fused``: the onnxruntime target's."""
 ATTNRES_BLOCK_LAYERS = 2
 """K3's ``attn_res_block_size`` (decoder layers per block) of the ``+attnres`` folders."""
 
@@ -126,15 +129,16 @@ def add_attnres(source: Path, out: Path, block_layers: int, seed: int) -> None:
     (out / "config.json").write_text(json.dumps(config | {"attn_res_block_size": block_layers}, indent=2))
 
 
-def export_with_past(folder: Path, out: Path, prompt: int, total: int, max_batch: int) -> float:
-    """Our portable with-past export of ``folder`` (no parity check: the greedy tokens are compared below); the
-    seconds it took."""
+def export_with_past(folder: Path, out: Path, prompt: int, total: int, max_batch: int,
+                     target: str = "portable") -> float:
+    """Our with-past export of ``folder`` for ``target`` (no parity check: the greedy tokens are compared below);
+    the seconds it took."""
     from attnres_export.dims import DimRange
     from attnres_export.exporter.checkpoint import export_checkpoint
     from attnres_export.exporter.options import ExportOptions
 
     start = time.perf_counter()
-    export_checkpoint(ExportOptions(folder, output=out, target="portable", with_past=True, check=False,
+    export_checkpoint(ExportOptions(folder, output=out, target=target, with_past=True, check=False,
                                     batch=DimRange(1, 1, max_batch), seq=DimRange(1, 1, prompt),
                                     past=DimRange(0, prompt, total)))
     return time.perf_counter() - start
@@ -222,12 +226,16 @@ def prepare(family: str, attnres: bool, plain: Path, work: Path, args) -> Varian
         add_attnres(plain, folder, ATTNRES_BLOCK_LAYERS, seed=1)
     onnx_path = work / f"{folder.name}.with-past.onnx"
     export_s = export_with_past(folder, onnx_path, args.prompt, args.prompt + args.new, max(args.batches))
+    fused_path = work / f"{folder.name}.with-past.ort.onnx"
+    export_with_past(folder, fused_path, args.prompt, args.prompt + args.new, max(args.batches), "onnxruntime")
     model, _ = load_checkpoint(folder)
     parameters = sum(p.numel() for p in model.parameters())
     ours = torch_decoder(model)
     ort = onnx_decoder(onnx_path, threads=args.threads)
+    fused = onnx_decoder(fused_path, threads=args.threads)
     hf = load_hf(plain)
     runners = {"onnxruntime": lambda p, n: run_decoder(ort, p, n),
+               "ort-fused": lambda p, n: run_decoder(fused, p, n),
                "ours-eager": lambda p, n: run_decoder(ours, p, n),
                "transformers": lambda p, n: run_transformers(hf, p, n)}
     return Variant(folder.name, family, attnres, parameters, export_s, runners)
@@ -272,7 +280,7 @@ def summarize(v: Variant, args) -> list[dict]:
             stats[name] = {"prefill_ms": statistics.median(r.prefill_s for r in runs) * 1e3,
                            "decode_tokens_per_s": b * (args.new - 1) / statistics.median(r.decode_s for r in runs),
                            "tokens": runs[-1].tokens}
-        ort, ours, hf = (stats.get(n) for n in BACKENDS)
+        ort, fused, ours, hf = (stats.get(n) for n in BACKENDS)
         same = {n: sum(a == c for a, c in zip(ort["tokens"], s["tokens"], strict=True))
                 for n, s in stats.items() if n != "onnxruntime"}
         rows.append({"variant": v.name, "family": v.family, "attnres": v.attnres, "batch": b,
@@ -283,6 +291,10 @@ def summarize(v: Variant, args) -> list[dict]:
                      if ours else None,
                      "ort_vs_transformers": round(ort["decode_tokens_per_s"] / hf["decode_tokens_per_s"], 3)
                      if hf else None,
+                     "fused_vs_transformers": round(fused["decode_tokens_per_s"] / hf["decode_tokens_per_s"], 3)
+                     if hf and fused else None,
+                     "fused_vs_transformers_prefill": round(hf["prefill_ms"] / fused["prefill_ms"], 3)
+                     if hf and fused else None,
                      "same_tokens_as_ort": same})
     return rows
 
@@ -296,22 +308,26 @@ def print_tables(rows: list[dict], args, export: str = "portable, with past, no 
     def ratio(value: float | None) -> str:
         return "" if value is None else f"{value:.2f}x"
 
-    print("\ndecode tokens/s (all rows of the batch); ratios: ONNX Runtime over each eager backend")
-    print("| folder | b | ORT | ours eager | transformers | ORT/ours | ORT/HF |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\ndecode tokens/s (all rows of the batch); ORT: the portable target, fused: the onnxruntime target; "
+          "ratios over transformers")
+    print("| folder | b | ORT | fused | ours eager | transformers | ORT/HF | fused/HF |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['variant']} | {r['batch']} | {cell(r, 'onnxruntime_decode_tokens_per_s')} | "
+              f"{cell(r, 'ort-fused_decode_tokens_per_s')} | "
               f"{cell(r, 'ours-eager_decode_tokens_per_s')} | {cell(r, 'transformers_decode_tokens_per_s')} | "
-              f"{ratio(r['ort_vs_ours_eager'])} | {ratio(r['ort_vs_transformers'])} |")
+              f"{ratio(r['ort_vs_transformers'])} | {ratio(r.get('fused_vs_transformers'))} |")
     print(f"\nprefill ms ({args.prompt} tokens); export s ({export}); same greedy tokens as "
           f"ORT out of {args.new}")
-    print("| folder | b | ORT | ours | HF | export | same ours/HF |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| folder | b | ORT | fused | ours | HF | HF/fused | export | same fused/ours/HF |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         same = r["same_tokens_as_ort"]
         print(f"| {r['variant']} | {r['batch']} | {cell(r, 'onnxruntime_prefill_ms')} | "
-              f"{cell(r, 'ours-eager_prefill_ms')} | {cell(r, 'transformers_prefill_ms')} | {r['export_s']:.1f} | "
-              f"{same.get('ours-eager', '')}/{same.get('transformers', '')} |")
+              f"{cell(r, 'ort-fused_prefill_ms')} | {cell(r, 'ours-eager_prefill_ms')} | "
+              f"{cell(r, 'transformers_prefill_ms')} | {ratio(r.get('fused_vs_transformers_prefill'))} | "
+              f"{r['export_s']:.1f} | {same.get('ort-fused', '')}/{same.get('ours-eager', '')}/"
+              f"{same.get('transformers', '')} |")
 
 
 def print_attnres_cost(rows: list[dict]) -> None:

@@ -4,8 +4,10 @@ against transformers' eager ``KimiLinearForCausalLM.generate`` (greedy, with its
 Kimi K3's Attention Residuals keys), all in one interleaved run; plus the export time and peak memory of each
 folder's export.
 
-Each export is ``attnres-export FOLDER --with-past --target portable`` (its parity check on, as users run it) in a
-child process whose peak resident set (``VmHWM``) is read as ``benchmarks/export_memory.py`` reads it. transformers
+Each folder is exported for the ``portable`` target (the ``onnxruntime`` column) and for the ``onnxruntime`` target
+(``ort-fused``: ONNX Runtime's own fused ops, docs/onnxruntime-target.md), ``attnres-export FOLDER --with-past
+--target T`` (its parity check on, as users run it), each in a child process
+whose peak resident set (``VmHWM``) is read as ``benchmarks/export_memory.py`` reads it. transformers
 has no AttnRes model: for a folder with the AttnRes keys it runs the same folder's body without them (its loader
 drops the unknown AttnRes weights), so that ratio compares our AttnRes decoder with transformers' standard-residual
 body. Run from the repository root:
@@ -64,9 +66,10 @@ def large_config(hidden: int, layers: int, experts: int, vocab: int) -> dict:
     return config
 
 
-def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: int, check: bool) -> dict:
+def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: int, check: bool,
+                 target: str = "portable") -> dict:
     """``attnres-export`` in a child process: its peak RSS, wall and CPU seconds and parity lines."""
-    summary = run_child("export", str(folder), "--with-past", "--target", "portable", "-o", str(out),
+    summary = run_child("export", str(folder), "--with-past", "--target", target, "-o", str(out),
                         "--batch", f"1:1:{max_batch}", "--seq", f"1:1:{prompt}", "--past", f"0:{prompt}:{total}",
                         "--check" if check else "--no-check")
     if summary["parity_failed"]:
@@ -87,9 +90,13 @@ def prepare(name: str, folder: Path, plain: Path, parameters: int, work: Path, a
           f"{load_average()}", flush=True)
     if args.export_only:
         return Variant(name, "kimi_linear", folder != plain, parameters, export["wall_s"], {}), export
+    fused_path = work / f"{name}.with-past.ort.onnx"
+    export_child(folder, fused_path, args.prompt, args.prompt + args.new, max(args.batches), args.check, "onnxruntime")
     ort = onnx_decoder(onnx_path, threads=args.threads)
+    fused = onnx_decoder(fused_path, threads=args.threads)
     hf = load_hf(plain)
     runners = {"onnxruntime": lambda p, n: run_decoder(ort, p, n),
+               "ort-fused": lambda p, n: run_decoder(fused, p, n),
                "transformers": lambda p, n: run_transformers(hf, p, n)}
     return Variant(name, "kimi_linear", folder != plain, parameters, export["wall_s"], runners), export
 

@@ -84,7 +84,7 @@ def export(
         "--fuse-norm", help="Models with depth aggregations: one AttnResAggregateNorm node per aggregation "
                             "and the RMSNorm after it (its TensorRT kernel is not yet verified on a GPU).")] = False,
     genai: Annotated[Path | None, typer.Option(
-        "--genai", help="With --with-past --target portable: write a complete onnxruntime-genai folder here "
+        "--genai", help="With --with-past --target onnxruntime: write a complete onnxruntime-genai folder here "
                         "(model.onnx, genai_config.json, tokenizer files; docs/genai.md).")] = None,
     hf_onnx: Annotated[Path | None, typer.Option(
         "--hf-onnx", help="With --with-past --target portable, from a Hugging Face folder: write a folder "
@@ -157,7 +157,8 @@ def export(
             err_console.print(warning)
     console.print(f"wrote [bold]{result.path}[/bold] ({file_size(result.files)}): target {target}, {dtype}, "
                   f"{', '.join(f'{n} {t}' for t, n in result.fused_by_type.items()) or 'no attnres'} nodes "
-                  f"{'fused' if target == 'tensorrt' else 'decomposed into standard ops'}")
+                  f"{_node_form(target)}")
+    _print_onnxruntime_ops(result.onnxruntime_ops)
     quantized = getattr(result, "quantized", None)
     if quantized is not None and quantized.formats:
         console.print(quantized_line(quantized.formats, quantized.stored_bytes, quantized.parameters))
@@ -178,6 +179,21 @@ def export(
     if not result.report.ok:
         fail(f"parity check failed: an output missed its bar (see the table); the model was kept as {result.path} "
              f"for inspection, and {opts.resolved_output()} was not written")
+
+
+def _node_form(target: str) -> str:
+    return {"tensorrt": "fused", "onnxruntime": "written as ONNX Runtime's ops or standard ops"}.get(
+        target, "decomposed into standard ops")
+
+
+def _print_onnxruntime_ops(ops) -> None:
+    """The ``onnxruntime`` target's fused ops, and one note per kind of computation it left in standard ops."""
+    if ops is None:
+        return
+    written = ", ".join(f"{count} {op}" for op, count in ops.nodes.items()) or "none matched"
+    console.print(f"ONNX Runtime fused ops (com.microsoft): {written}")
+    for line in ops.kept:
+        err_console.print(f"note: target onnxruntime: {line}", highlight=False, soft_wrap=True)
 
 
 def _warn_pluginless(fused_by_type: dict[str, int]) -> None:

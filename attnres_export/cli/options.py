@@ -48,7 +48,8 @@ def choice(values: Sequence[str], help: str, *names: str, aliases: Mapping[str, 
 Dtype = Annotated[str, choice(STORAGE_TYPES, "Storage type of weights and activations.", aliases=DTYPE_ALIASES)]
 ExportTarget = Annotated[str, choice(
     EXPORT_TARGETS, "tensorrt keeps one fused attnres node per aggregation; portable decomposes them into standard "
-                    "ops (ort-trt: `attnres convert`).")]
+                    "ops; onnxruntime also writes ONNX Runtime's fused ops (attention, experts, KDA, norms) "
+                    "(ort-trt: `attnres convert`).")]
 Target = Annotated[str, choice(TARGETS, "Target to rewrite for (ort-trt is not run by any ONNX Runtime yet).")]
 OrtProvider = Annotated[str, choice(PROVIDERS, "ONNX Runtime execution provider for --onnx.")]
 EngineDtype = Annotated[str | None, choice(

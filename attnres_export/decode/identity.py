@@ -3,8 +3,9 @@
 The graph tells it twice. Its metadata records the model's ``model_id`` (``models.base.fingerprint``) and
 vocabulary, unless the metadata was stripped or copied from another file; its weights are harder to fake and cheap
 to compare: the first ``IDENTITY_SAMPLES`` values of the ``IDENTITY_TENSORS`` largest initializers that carry a
-state_dict name (the embedding, the experts) against the model's, cast to the initializer's type. No more of a
-tensor is read, so a model of many GB is paired in milliseconds. Where neither can be compared, the caller says so.
+state_dict name (the embedding, the experts; not those the ``onnxruntime`` target reordered) against the model's,
+cast to the initializer's type. No more of a tensor is read, so a model of many GB is paired in milliseconds.
+Where neither can be compared, the caller says so.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from attnres_export.errors import GenerationError
 from attnres_export.graphs.metadata import export_info
+from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.models.base import fingerprint
 
 IDENTITY_SAMPLES = 256
@@ -51,7 +53,10 @@ def refuse_other_model(path: Path, graph: onnx.ModelProto, model: nn.Module, mod
 def _compare_weights(path: Path, graph: onnx.ModelProto, state: dict[str, torch.Tensor], model_name: str) -> int:
     """How many of the largest initializers named like a state_dict entry were compared with it; raises on the
     first that differs (in shape, or in a leading value beyond the rounding of its type)."""
-    named = sorted((t for t in graph.graph.initializer if t.name in state and t.data_type in _STORED),
+    ops = OnnxRuntimeOps.of(graph)
+    reordered = set(ops.reordered) if ops is not None else set()
+    named = sorted((t for t in graph.graph.initializer
+                    if t.name in state and t.name not in reordered and t.data_type in _STORED),
                    key=lambda t: -int(np.prod(t.dims, dtype=np.int64)))[:IDENTITY_TENSORS]
     compared = 0
     for tensor in named:

@@ -36,6 +36,7 @@ from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
 from attnres_export.graphs.metadata import EXPORT_KEY, QUANTIZE_KEY
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
+from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.graphs.targets import convert
 from attnres_export.models.checkpoint import model_as
 from attnres_export.models.registry import architecture_of
@@ -88,7 +89,8 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         stage = Stage(folder, out.name)
         traced = job.trace(status)
         job.trace = None
-        quantized = keep_quantized(traced, opts.dtype, opts.target, opts.matmul_nbits)
+        quantized = keep_quantized(traced, opts.dtype, opts.target,
+                                   opts.matmul_nbits or opts.target == "onnxruntime")
         if quantized.formats:
             job.metadata["quantized"] = dict(quantized.formats)
         if opts.quantize is not None:
@@ -100,7 +102,9 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         gc.collect()  # the traced graph is cyclic and may hold folded weights (a whole-model trace's transposes)
         status(f"stamping the metadata and converting for the {opts.target} target")
         name_dynamic_dims(graph, job.dynamic_dims)
-        graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata)
+        graph, fused, fused_by_type = _stamp_and_convert(graph, job.expected_nodes, opts, job.ranges, job.metadata,
+                                                         stage.path.parent)
+        onnxruntime_ops = OnnxRuntimeOps.of(graph)
         stage.write_graph(graph)
         del graph
         report = None
@@ -120,7 +124,7 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         files = stage.publish(target)
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
-    return ExportResult(target, files, fused, fused, report, fused_by_type, quantized)
+    return ExportResult(target, files, fused, fused, report, fused_by_type, quantized, onnxruntime_ops)
 
 
 def quantized_for(opts: ExportOptions, checkpoint: Checkpoint) -> Checkpoint:
@@ -231,10 +235,11 @@ def _check_shapes(ranges: dict[str, DimRange], with_past: bool) -> list[tuple[in
 
 
 def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportOptions,
-                       ranges: dict[str, DimRange], extra_meta: dict
+                       ranges: dict[str, DimRange], extra_meta: dict, data_dir: Path
                        ) -> tuple[onnx.ModelProto, int, dict[str, int]]:
     """Check the export fused every aggregation the model has, stamp the export metadata, and convert the
-    fused nodes to the target's form: ``(model, fused, fused_by_type)``."""
+    fused nodes to the target's form (``data_dir``: the staging folder, whose data file the conversion may
+    change): ``(model, fused, fused_by_type)``."""
     fused_nodes = attnres_nodes(onnx_model.graph)
     fused, fused_by_type = len(fused_nodes), dict(Counter(n.op_type for n in fused_nodes))
     if fused != expected:
@@ -244,8 +249,8 @@ def _stamp_and_convert(onnx_model: onnx.ModelProto, expected: int, opts: ExportO
             "target": opts.target, "dims": {k: v.as_list() for k, v in ranges.items()},
             "source_file": opts.source.name, **extra_meta}
     set_metadata(onnx_model, EXPORT_KEY, json.dumps(meta))
-    if fused:
-        onnx_model = convert(onnx_model, opts.target)
+    if fused or opts.target == "onnxruntime":
+        onnx_model = convert(onnx_model, opts.target, data_dir)
     return onnx_model, fused, fused_by_type
 
 

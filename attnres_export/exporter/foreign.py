@@ -33,6 +33,7 @@ from attnres_export.graphs.fusion import FusionResult, random_feeds
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY
 from attnres_export.graphs.onnx_utils import set_metadata
+from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.graphs.targets import convert
 from attnres_export.parity.fusion_checks import fuse_with_shape_hint, refuse_crashing, whole_model_parity
 
@@ -90,7 +91,8 @@ def export_source(source: ForeignSource, opts: ExportOptions, strict: bool = Fal
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused,
                              "onnx": str(out), "reference": source.reference, "fusion": fusion.to_dict()})
-    return ForeignExportResult(out, files, fused, fused, report, fusion.fused_by_op, fusion=fusion)
+    return ForeignExportResult(out, files, fused, fused, report, fusion.fused_by_op,
+                               onnxruntime_ops=OnnxRuntimeOps.of(model), fusion=fusion)
 
 
 @dataclass

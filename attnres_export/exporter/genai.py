@@ -1,14 +1,14 @@
-"""onnxruntime-genai folders: ``attnres-export MODEL --with-past --target portable --genai DIR`` (docs/genai.md).
+"""onnxruntime-genai folders: ``attnres-export MODEL --with-past --target onnxruntime --genai DIR`` (docs/genai.md).
 
-The with-past export of the ``portable`` target is written into a private folder beside ``DIR`` as ``model.onnx``
-(with ``model.onnx.data`` when over protobuf's limit); its attention layers become ONNX Runtime's
-``GroupQueryAttention`` (``genai_attention.py``: what makes a decode step as fast as the builder's) and its float32
-RMSNorms ``SimplifiedLayerNormalization`` (``genai_norms.py``); then
-``genai_config.json`` (``genai_config.py``) and the checkpoint's tokenizer files join it. The model in the folder is
-checked against the PyTorch model as any export is, and the folder is renamed into place; one that misses its
-parity bar is kept whole as ``DIR.failed``, never as ``DIR``. Neither replaces a folder that an earlier ``--genai``
-export did not write (``genai_options.py``: checked before the export and again before the rename). The fused
-attnres nodes of the other targets need a custom-op library that onnxruntime-genai cannot load yet.
+The with-past export of the ``onnxruntime`` target (``graphs/onnxruntime_ops``: attention as
+``GroupQueryAttention``, experts as ``MoE``, Kimi Delta Attention as ``LinearAttention``, float32 RMSNorms as
+``SimplifiedLayerNormalization``; ``--target portable`` is taken as the same) is written into a private folder
+beside ``DIR`` as ``model.onnx`` (with ``model.onnx.data`` when over protobuf's limit); then ``genai_config.json``
+(``genai_config.py``) and the checkpoint's tokenizer files join it. The model in the folder is checked against the
+PyTorch model as any export is, and the folder is renamed into place; one that misses its parity bar is kept whole
+as ``DIR.failed``, never as ``DIR``. Neither replaces a folder that an earlier ``--genai`` export did not write
+(``genai_options.py``: checked before the export and again before the rename). The fused attnres nodes of the
+``tensorrt`` target need a custom-op library that onnxruntime-genai cannot load yet.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -39,10 +39,8 @@ from attnres_export.exporter.genai_options import (
 )
 from attnres_export.exporter.genai_tokens import GenerationDefaults, generation_defaults, json_file
 from attnres_export.exporter.options import ExportOptions, ExportResult
-from attnres_export.graphs.metadata import EXPORT_KEY, export_info
-from attnres_export.graphs.onnx_utils import set_metadata
-from attnres_export.graphs.onnxruntime_ops.attention import group_query_attention
-from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms
+from attnres_export.graphs.metadata import export_info
+from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.models.store import Checkpoint, open_checkpoint
 
 
@@ -65,7 +63,8 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
                                        hf_config_file=opts.source.is_dir())
         hf_config = json_file(opts.source / "config.json") if opts.source.is_dir() else {}
         config = genai_config(model, MODEL_FILE, defaults, hf_config)
-        rewrite = _onnx_runtime_ops(model, path, config)
+        ops = OnnxRuntimeOps.of(model)
+        config["search"]["past_present_share_buffer"] = _shares_cache(ops)
         del model
         _write_config(staged, config)
         _copy_tokenizer(tokens_from, staged)
@@ -78,8 +77,7 @@ def export_genai(opts: ExportOptions, folder: Path, foreign: ForeignOptions,
         _move_into_place(staged, target, scratch)
     if report is not None:
         report.extra.update({"onnx": str(target / MODEL_FILE), "genai": str(target), "genai_tokens": _summary(defaults),
-                             "group_query_attention": f"{rewrite.layers} of {rewrite.of} layers",
-                             "simplified_layer_norms": rewrite.norms})
+                             "onnxruntime_ops": ops.nodes if ops is not None else {}})
     return replace(result, path=target, files=sorted(target.iterdir()), report=report)
 
 
@@ -94,29 +92,10 @@ def _opened(opts: ExportOptions) -> Checkpoint | None:
         return None
 
 
-@dataclass
-class OnnxRuntimeOps:
-    layers: int
-    """Attention layers computed by GroupQueryAttention."""
-    of: int
-    norms: int
-    """RMSNorms computed by SimplifiedLayerNormalization."""
-
-
-def _onnx_runtime_ops(model: onnx.ModelProto, path: Path, config: dict) -> OnnxRuntimeOps:
-    """Rewrite the staged model's attention as GroupQueryAttention (``genai_attention.py``) and its float32 RMSNorms
-    as SimplifiedLayerNormalization (``genai_norms.py``), and save it; the cache buffer is shared between past and
-    present only when every layer's attention was rewritten."""
-    decoder = config["model"]["decoder"]
-    attention = group_query_attention(model, decoder["num_attention_heads"], decoder["num_key_value_heads"])
-    norms = simplified_layer_norms(model)
-    if attention.layers or norms:
-        info = export_info(model) | {"onnx_runtime_ops": {"GroupQueryAttention": attention.layers,
-                                                          "SimplifiedLayerNormalization": norms}}
-        set_metadata(model, EXPORT_KEY, json.dumps(info))
-        onnx.save_model(model, str(path))
-    config["search"]["past_present_share_buffer"] = attention.layers == attention.of
-    return OnnxRuntimeOps(attention.layers, attention.of, norms)
+def _shares_cache(ops: OnnxRuntimeOps | None) -> bool:
+    """onnxruntime-genai may share one cache buffer between past and present only when every cached layer's
+    attention is GroupQueryAttention (which appends in place); a standard-op layer concatenates a new one."""
+    return ops is not None and ops.attention_layers > 0 and ops.nodes.get("GroupQueryAttention") == ops.attention_layers
 
 
 def _write_config(folder: Path, config: dict) -> None:

@@ -32,8 +32,8 @@ def genai_options(opts: ExportOptions, folder: Path, outputs: Mapping[str, Path 
     and any folder, input or other output (``outputs``: ``--report``) the export would replace."""
     if not opts.with_past:
         raise ExportError("--genai needs --with-past: onnxruntime-genai runs the KV-cache graph; add --with-past")
-    if opts.target != "portable":
-        raise ExportError(f"--genai needs --target portable: the {opts.target} target keeps fused attnres nodes, "
+    if opts.target not in ("onnxruntime", "portable"):
+        raise ExportError(f"--genai needs --target onnxruntime: the {opts.target} target keeps fused attnres nodes, "
                           "which need a native custom-op library onnxruntime-genai cannot load yet")
     if opts.dtype not in DTYPES:
         raise ExportError(f"--genai: --dtype {opts.dtype} has no kernels on ONNX Runtime's CPU provider; export "
@@ -46,7 +46,7 @@ def genai_options(opts: ExportOptions, folder: Path, outputs: Mapping[str, Path 
     for option, path in folders.items():
         check_folder(path, option)
     tokenizer_files(tokens_folder(opts.source))
-    return replace(opts, output=folder / MODEL_FILE, matmul_nbits=True)
+    return replace(opts, output=folder / MODEL_FILE, target="onnxruntime", matmul_nbits=True)
 
 
 def failed_folder(folder: Path) -> Path:

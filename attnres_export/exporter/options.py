@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import onnx
 
     from attnres_export.exporter.quantized_graph import QuantizedWeights
+    from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
     from attnres_export.parity.report import Report
 
 QUANTIZE_BITS = {"int4": 4, "int8": 8}
@@ -88,6 +89,8 @@ class ExportResult:
     fused_by_type: dict[str, int] = field(default_factory=dict)
     quantized: QuantizedWeights | None = None
     """The weights kept quantized in the graph (``exporter.quantized_graph``)."""
+    onnxruntime_ops: OnnxRuntimeOps | None = None
+    """What the ``onnxruntime`` target wrote as ONNX Runtime fused ops, and kept (``graphs.onnxruntime_ops``)."""
 
 
 def validate_options(opts: ExportOptions) -> None:

@@ -1,5 +1,6 @@
 """ONNX schemas of the ``attnres`` domain, made from the op descriptors and registered with onnx so that
-``onnx.checker`` validates our nodes."""
+``onnx.checker`` validates our nodes; and that of ONNX Runtime's default-domain ``SimplifiedLayerNormalization``
+(the ``onnxruntime`` target writes it; ``com.microsoft`` ops are in a domain the checker does not know)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import onnx
 from onnx.defs import OpSchema
 
 from attnres_export.dtypes import ONNX_TYPE_STRINGS
+from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norm_schema
 from attnres_export.ops.descriptors import OPS, OpDescriptor, OutputSpec
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
@@ -74,3 +76,5 @@ def register_schemas() -> None:
     for op in OPS.values():
         if not onnx.defs.has(op.op_type, DOMAIN):
             onnx.defs.register_schema(public_schema(op))
+    if not onnx.defs.has("SimplifiedLayerNormalization"):
+        onnx.defs.register_schema(simplified_layer_norm_schema())

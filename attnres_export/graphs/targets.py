@@ -1,9 +1,10 @@
-"""Targets of an exported model (docs/op-set.md#targets): ``tensorrt``, ``portable`` and ``ort-trt``, and
-conversions between them."""
+"""Targets of an exported model (docs/op-set.md#targets): ``tensorrt``, ``portable``, ``ort-trt`` and
+``onnxruntime``, and conversions between them."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import onnx
 from onnx import helper as oh
@@ -18,6 +19,11 @@ from attnres_export.graphs.onnx_utils import (
     set_domain_import,
     set_metadata,
     unique_namer,
+)
+from attnres_export.graphs.onnxruntime_ops import (
+    ONNX_RUNTIME_OPS_KEY,
+    OnnxRuntimeOps,
+    to_onnxruntime,
 )
 from attnres_export.graphs.target_names import TARGETS
 from attnres_export.graphs.types import value_types
@@ -35,24 +41,36 @@ One record per node: ``name``, ``op_type``, ``inputs`` (``""`` for an absent opt
 
 
 def detect_target(model: onnx.ModelProto) -> str:
-    """``tensorrt`` or ``ort-trt`` when fused nodes are present, else ``portable``."""
+    """``onnxruntime`` when the graph records that conversion, ``tensorrt`` or ``ort-trt`` when fused nodes are
+    present, else ``portable``."""
+    if OnnxRuntimeOps.of(model) is not None:
+        return "onnxruntime"
     if attnres_nodes(model.graph, ORT_TRT_DOMAIN):
         return "ort-trt"
     return "tensorrt" if attnres_nodes(model.graph) else "portable"
 
 
-def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
-    """A copy of ``model`` written for ``target``."""
+def convert(model: onnx.ModelProto, target: str, data_dir: Path | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` written for ``target``. ``data_dir``: the folder of the model's external data files,
+    which the ``onnxruntime`` conversion may change in place (an export's private staging folder only)."""
     if target not in TARGETS:
         raise GraphError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     validate_attnres_nodes(model)
     out = copy_model(model)
     source = detect_target(out)
+    if source == target == "onnxruntime":
+        return out
+    if source == "onnxruntime":
+        _refuse_onnx_runtime_ops(out, target)
     if source == "ort-trt":
         _move_domain(out, ORT_TRT_DOMAIN, DOMAIN)
-    elif source == "portable" and target != "portable":
+    elif source in ("portable", "onnxruntime") and target != "portable" and (
+            target != "onnxruntime" or PORTABLE_KEY in metadata(out)):  # else rewritten for onnxruntime as it is
         _refuse_unless_recorded(out)
         _recompose(out)
+    if target == "onnxruntime":
+        to_onnxruntime(out, _decompose, data_dir)
+        return out
     if target == "portable":
         _decompose(out)
         return out
@@ -62,6 +80,17 @@ def convert(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
         _type_fused_outputs(out)
         _move_domain(out, DOMAIN, ORT_TRT_DOMAIN)
     return out
+
+
+def _refuse_onnx_runtime_ops(model: onnx.ModelProto, target: str) -> None:
+    """An ``onnxruntime`` graph converts back only when the conversion wrote no ONNX Runtime op (its attnres nodes
+    were only decomposed); the fused ops' patterns are not recorded."""
+    written = OnnxRuntimeOps.of(model).nodes
+    if written:
+        raise GraphError(f"this ONNX holds ONNX Runtime fused ops of the onnxruntime target "
+                         f"({', '.join(f'{n} {op}' for op, n in written.items())}), which do not convert back; "
+                         f"re-export the model with --target {target}")
+    set_metadata(model, ONNX_RUNTIME_OPS_KEY, None)
 
 
 def _type_fused_outputs(model: onnx.ModelProto) -> None:

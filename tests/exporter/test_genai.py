@@ -1,4 +1,4 @@
-"""``attnres-export MODEL --with-past --target portable --genai DIR`` writes a folder that onnxruntime-genai itself
+"""``attnres-export MODEL --with-past --target onnxruntime --genai DIR`` writes a folder that onnxruntime-genai itself
 loads and runs: its greedy tokens equal ``attnres generate`` (ONNX Runtime and PyTorch), alone and in a batch of
 prompts of different lengths; the config says what the model is; what cannot run there is refused in one line."""
 
@@ -31,7 +31,7 @@ from tests.exporter.genai_helpers import (
 
 
 def export_genai_folder(checkpoint: Path, folder: Path, *args: str) -> Path:
-    result = invoke("export", checkpoint, "--with-past", "--target", "portable", "--genai", folder, *args)
+    result = invoke("export", checkpoint, "--with-past", "--target", "onnxruntime", "--genai", folder, *args)
     assert result.exit_code == 0, result.output
     return folder
 
@@ -195,7 +195,7 @@ def test_a_folder_that_misses_its_parity_bar_is_kept_beside_as_failed_and_replac
     folder = tmp_path / "folder"
     export_genai_folder(block_checkpoint, folder)
     before = (folder / "model.onnx").read_bytes()
-    out = invoke("export", block_checkpoint, "--with-past", "--target", "portable", "--genai", folder,
+    out = invoke("export", block_checkpoint, "--with-past", "--target", "onnxruntime", "--genai", folder,
                  "--tol", "float32:1e-30:1.0")
     assert out.exit_code == 1
     assert (folder / "model.onnx").read_bytes() == before
@@ -206,10 +206,10 @@ def test_a_folder_that_misses_its_parity_bar_is_kept_beside_as_failed_and_replac
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--target", "portable"], "--genai needs --with-past"),
-    (["--with-past"], "--genai needs --target portable: the tensorrt target keeps fused attnres nodes"),
-    (["--with-past", "--target", "portable", "--dtype", "bfloat16"], "--dtype bfloat16 has no kernels"),
-    (["--with-past", "--target", "portable", "-o", "x.onnx"], "-o and --genai"),
+    (["--target", "onnxruntime"], "--genai needs --with-past"),
+    (["--with-past"], "--genai needs --target onnxruntime: the tensorrt target keeps fused attnres nodes"),
+    (["--with-past", "--target", "onnxruntime", "--dtype", "bfloat16"], "--dtype bfloat16 has no kernels"),
+    (["--with-past", "--target", "onnxruntime", "-o", "x.onnx"], "-o and --genai"),
 ])
 def test_what_onnxruntime_genai_cannot_run_is_refused_in_one_line(tmp_path, args, message):
     ckpt = write_checkpoint(tmp_path / "m.pt", n_layers=1)
@@ -222,7 +222,7 @@ def test_a_folder_that_is_not_an_onnxruntime_genai_folder_or_holds_the_model_is_
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
-    common = ("--with-past", "--target", "portable")
+    common = ("--with-past", "--target", "onnxruntime")
     assert_one_line_error(invoke("export", ckpt, *common, "--genai", busy), "is not an onnxruntime-genai folder")
     assert_one_line_error(invoke("export", ckpt, *common, "--genai", tmp_path), "holds MODEL")
     (tmp_path / "file").write_text("")

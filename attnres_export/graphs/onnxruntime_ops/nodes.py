@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper as oh
 from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from attnres_export.graphs.onnx_utils import subgraphs
 
@@ -105,13 +106,20 @@ def scalar_operand(graph: onnx.GraphProto, nodes: Nodes, node: onnx.NodeProto, o
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
-def constant_value(graph: onnx.GraphProto, nodes: Nodes, name: str) -> np.ndarray | None:
-    """The value of an initializer or a Constant node's output (None for a computed value)."""
+def constant_tensor(graph: onnx.GraphProto, nodes: Nodes, name: str) -> onnx.TensorProto | None:
+    """The initializer or Constant node value of ``name`` (None for a computed value); its data may be external."""
     tensor = next((i for i in graph.initializer if i.name == name), None)
     producer = nodes.producer(name)
     if tensor is None and producer is not None and producer.op_type == "Constant" and producer.attribute:
         tensor = producer.attribute[0].t if producer.attribute[0].name == "value" else None
-    return numpy_helper.to_array(tensor) if tensor is not None else None
+    return tensor
+
+
+def constant_value(graph: onnx.GraphProto, nodes: Nodes, name: str) -> np.ndarray | None:
+    """The value of an initializer or a Constant node's output (None for a computed value, and for a tensor in an
+    external data file: an export's graph is rewritten without its weights loaded)."""
+    tensor = constant_tensor(graph, nodes, name)
+    return None if tensor is None or uses_external_data(tensor) else numpy_helper.to_array(tensor)
 
 
 def attr(node: onnx.NodeProto, name: str, default):

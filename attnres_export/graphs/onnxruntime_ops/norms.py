@@ -13,8 +13,34 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper as oh
+from onnx.defs import OpSchema
 
-from attnres_export.graphs.onnxruntime_ops.nodes import Nodes, attr, constant_value, drop_dead_nodes, scalar_operand
+from attnres_export.graphs.onnxruntime_ops.nodes import (
+    Nodes,
+    attr,
+    constant_tensor,
+    constant_value,
+    drop_dead_nodes,
+    scalar_operand,
+)
+
+_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"]
+
+
+def simplified_layer_norm_schema() -> OpSchema:
+    """ONNX Runtime's ``SimplifiedLayerNormalization`` (registered in the default ONNX domain, version 1, as ONNX
+    Runtime declares it), so that ``onnx.checker`` passes the files that hold it."""
+    param, optional = OpSchema.FormalParameter, OpSchema.FormalParameterOption.Optional
+    return OpSchema(
+        "SimplifiedLayerNormalization", "", 1, doc="x / sqrt(mean(x^2) + epsilon) * scale (ONNX Runtime)",
+        inputs=[param("X", "T", "input"), param("scale", "V", "weight")],
+        outputs=[param("Y", "V", "output"), param("inv_std_var", "U", "saved for training", param_option=optional)],
+        type_constraints=[("T", _FLOATS, "input"), ("U", ["tensor(float)", "tensor(double)"], "statistics"),
+                          ("V", _FLOATS, "output")],
+        attributes=[OpSchema.Attribute(name, kind, name, required=False) for name, kind in
+                    (("axis", OpSchema.AttrType.INT), ("epsilon", OpSchema.AttrType.FLOAT),
+                     ("stash_type", OpSchema.AttrType.INT))],
+    )
 
 
 def simplified_layer_norms(model: onnx.ModelProto) -> int:
@@ -46,8 +72,8 @@ def _rewrite(graph: onnx.GraphProto, nodes: Nodes, power: onnx.NodeProto) -> boo
     if weighted is None:
         return False
     weight = weighted.input[1] if weighted.input[0] == scaled.output[0] else weighted.input[0]
-    value = constant_value(graph, nodes, weight)
-    if value is None or value.ndim != 1 or value.dtype != np.float32:
+    tensor = constant_tensor(graph, nodes, weight)
+    if tensor is None or len(tensor.dims) != 1 or tensor.data_type != onnx.TensorProto.FLOAT:
         return False
     graph.node.append(oh.make_node("SimplifiedLayerNormalization", [x, weight], [weighted.output[0]],
                                    name=f"genai/rms_norm/{weighted.output[0]}", axis=-1, epsilon=eps,

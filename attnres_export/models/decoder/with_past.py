@@ -39,5 +39,6 @@ class DecoderLMWithPast(WithPastStep):
         if cfg.mla is not None:
             return common | {"attention": "latent", "kv_lora_rank": cfg.mla.kv_lora_rank,
                              "qk_rope_head_dim": cfg.mla.qk_rope_head_dim}
-        return common | {"attention": "grouped-query", "num_key_value_heads": cfg.num_key_value_heads,
+        return common | {"attention": "grouped-query", "num_attention_heads": cfg.num_attention_heads,
+                         "num_key_value_heads": cfg.num_key_value_heads,
                          "head_dim": cfg.head_dim}

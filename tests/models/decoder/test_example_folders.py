@@ -38,7 +38,7 @@ def test_transformers_loads_the_example_folder_and_computes_our_logits(tmp_path,
 def test_generate_on_the_with_past_onnx_gives_transformers_greedy_tokens(tmp_path, family):
     folder, _, _ = write_example_folder(family, tmp_path / family, seed=5)
     onnx = tmp_path / f"{family}.onnx"
-    result = invoke("export", folder, "--with-past", "-o", onnx)
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "-o", onnx)
     assert result.exit_code == 0, result.output
     out = invoke("generate", folder, "--ids", "3,1,4,1,5", "--max-new-tokens", "32", "--onnx", onnx, "--json")
     assert out.exit_code == 0, out.output

@@ -42,7 +42,7 @@ def test_generate_on_the_with_past_onnx_gives_transformers_greedy_tokens(tmp_pat
     folder = tmp_path / "f"
     assert invoke("example", "--arch", "kimi-linear", "--layers", "4", "--seed", "5", folder).exit_code == 0
     onnx = tmp_path / "kimi.onnx"
-    result = invoke("export", folder, "--with-past", "-o", onnx)
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "-o", onnx)
     assert result.exit_code == 0, result.output
     out = invoke("generate", folder, "--ids", "3,1,4,1,5", "--max-new-tokens", "32", "--onnx", onnx, "--json")
     assert out.exit_code == 0, out.output

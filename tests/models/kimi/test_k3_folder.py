@@ -114,7 +114,7 @@ def test_k3_without_attn_res_and_with_past_steps_match_the_reference(tmp_path, b
 def test_k3_generate_on_the_with_past_onnx_gives_the_reference_greedy_tokens(tmp_path):
     folder = k3_folder(tmp_path / "k3")
     onnx = tmp_path / "k3.onnx"
-    result = invoke("export", folder, "--with-past", "-o", onnx)
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "-o", onnx)
     assert result.exit_code == 0, result.output
     assert "left out 2 vision-tower" in result.output or "parity" in result.output.lower()
     out = invoke("generate", folder, "--ids", "3,1,4,1,5", "--max-new-tokens", "32", "--onnx", onnx, "--json")
