@@ -191,7 +191,7 @@ def _print_onnxruntime_ops(ops) -> None:
     if ops is None:
         return
     written = ", ".join(f"{count} {op}" for op, count in ops.nodes.items()) or "none matched"
-    console.print(f"ONNX Runtime fused ops (com.microsoft): {written}")
+    console.print(f"ONNX Runtime fused ops: {written}")
     for line in ops.kept:
         err_console.print(f"note: target onnxruntime: {line}", highlight=False, soft_wrap=True)
 

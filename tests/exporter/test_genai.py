@@ -72,7 +72,8 @@ def test_the_folder_holds_the_model_its_config_and_the_tokenizer_files(block_che
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 2 and {n.domain for n in attention} == {"com.microsoft"}
     assert not any(i.startswith("past_key_values.") for n in graph.node if n.op_type == "Concat" for i in n.input)
-    assert sum(n.op_type == "SimplifiedLayerNormalization" for n in graph.node) == 5  # 2 per layer, the final one
+    norms = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+    assert sum(n.op_type in norms for n in graph.node) == 5  # 2 per layer, the final one
     assert config["search"]["max_length"] == 64 and config["search"]["do_sample"] is False
     tokenizer = og.Tokenizer(og.Model(str(block_folder)))
     from tokenizers import Tokenizer
@@ -138,7 +139,8 @@ def test_a_qwen3_body_with_attention_residuals_and_grouped_heads_runs_as_under_a
     assert (config["type"], config["decoder"]["num_attention_heads"], config["decoder"]["num_key_value_heads"],
             config["decoder"]["head_size"], config["decoder"]["hidden_size"]) == ("qwen3", 4, 2, 16, 64)
     ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
-    assert (ops.count("GroupQueryAttention"), ops.count("SimplifiedLayerNormalization")) == (2, 9)  # q/k norms too
+    norms = ops.count("SimplifiedLayerNormalization") + ops.count("SkipSimplifiedLayerNormalization")
+    assert (ops.count("GroupQueryAttention"), norms) == (2, 9)  # q/k norms too
     _same_tokens_everywhere(checkpoint, folder)
 
 
@@ -152,6 +154,8 @@ def test_decoder_bodies_run_under_onnxruntime_genai_as_under_attnres_generate(tm
     folder = export_genai_folder(checkpoint, tmp_path / "folder", "--dtype", dtype)
     expected_type = "decoder" if family == "qwen3-moe" else family  # the expert routing exports as an If
     assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == expected_type
+    ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MoE") == (2 if family == "qwen3-moe" else 0)  # the experts read in place, one node a layer
     if dtype == "float32":
         _same_tokens_everywhere(checkpoint, folder)
     else:

@@ -62,7 +62,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     from attnres_export.graphs.onnxruntime_ops.attention import group_query_attention
     from attnres_export.graphs.onnxruntime_ops.experts import mixture_of_experts
     from attnres_export.graphs.onnxruntime_ops.kda import causal_convolutions, linear_attention
-    from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms
+    from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms, skip_layer_norms
 
     ops = OnnxRuntimeOps()
     ops.nodes["LinearAttention"] = linear_attention(model)
@@ -91,6 +91,8 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
         ops.kept.append("attention: a graph without past keeps standard-op attention (GroupQueryAttention needs a "
                         "cache; export --with-past for the decode graph)")
     ops.nodes["SimplifiedLayerNormalization"] = simplified_layer_norms(model)
+    ops.nodes["SkipSimplifiedLayerNormalization"] = skip_layer_norms(model)
+    ops.nodes["SimplifiedLayerNormalization"] -= ops.nodes["SkipSimplifiedLayerNormalization"]
     ops.nodes = {op: count for op, count in ops.nodes.items() if count}
     set_metadata(model, ONNX_RUNTIME_OPS_KEY, ops.to_json())
     return ops

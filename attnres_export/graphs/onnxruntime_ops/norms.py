@@ -16,11 +16,13 @@ from onnx import helper as oh
 from onnx.defs import OpSchema
 
 from attnres_export.graphs.onnxruntime_ops.nodes import (
+    MS_DOMAIN,
     Nodes,
     attr,
     constant_tensor,
     constant_value,
     drop_dead_nodes,
+    import_microsoft_domain,
     scalar_operand,
 )
 
@@ -85,3 +87,28 @@ def _rewrite(graph: onnx.GraphProto, nodes: Nodes, power: onnx.NodeProto) -> boo
 def _last_axis(graph: onnx.GraphProto, nodes: Nodes, mean: onnx.NodeProto) -> bool:
     axes = constant_value(graph, nodes, mean.input[1]) if len(mean.input) > 1 else np.array(attr(mean, "axes", []))
     return axes is not None and axes.reshape(-1).tolist() == [-1]
+
+
+def skip_layer_norms(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place: each ``SimplifiedLayerNormalization`` of a residual sum ``Add(a, b)`` of two
+    values that are not constants (a bias add broadcasts, which the op does not) becomes
+    ``com.microsoft.SkipSimplifiedLayerNormalization(a, b, weight)``, whose fourth output is the sum itself for the
+    sum's other readers (the next residual): one node where two ran. Returns the count."""
+    graph = model.graph
+    nodes = Nodes(graph)
+    count = 0
+    for norm in [n for n in graph.node if n.op_type == "SimplifiedLayerNormalization" and not n.domain]:
+        add = nodes.producer(norm.input[0])
+        if (add is None or add.op_type != "Add" or len(norm.output) > 1 or add.input[0] == add.input[1]
+                or any(constant_tensor(graph, nodes, name) is not None for name in add.input)):
+            continue
+        graph.node.append(oh.make_node(
+            "SkipSimplifiedLayerNormalization", [*add.input, norm.input[1]], [norm.output[0], "", "", add.output[0]],
+            name=f"{norm.name}/skip", domain=MS_DOMAIN, epsilon=attr(norm, "epsilon", 1e-5)))
+        graph.node.remove(norm)
+        graph.node.remove(add)
+        count += 1
+    if count:
+        import_microsoft_domain(model)
+        drop_dead_nodes(graph)
+    return count
