@@ -5,6 +5,8 @@ is in the export's own check and the families' generate tests."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -79,3 +81,15 @@ def test_attnres_convert_writes_the_onnxruntime_target_and_names_its_ops(exporte
     result = invoke("convert", exported_onnx, "--target", "onnxruntime", "-o", out)
     assert result.exit_code == 0, result.output
     assert detect_target(onnx.load(str(out))) == "onnxruntime"
+
+
+@pytest.mark.slow
+def test_a_decoder_graph_without_past_attends_through_group_query_attention_and_passes_its_check(tmp_path):
+    folder = tmp_path / "llama"
+    assert invoke("example", "--arch", "llama", folder).exit_code == 0
+    report = tmp_path / "r.json"
+    result = invoke("export", folder, "--target", "onnxruntime", "-o", tmp_path / "m.onnx", "--report", report)
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["ok"]
+    ops = OnnxRuntimeOps.of(onnx.load(str(tmp_path / "m.onnx"), load_external_data=False))
+    assert ops.nodes["GroupQueryAttention"] == 2 and ops.attention_layers == 0

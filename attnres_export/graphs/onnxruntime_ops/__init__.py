@@ -59,7 +59,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     Kimi Delta Attention first (it needs the fused node), then ``decompose`` for the attnres nodes left, then the
     standard-op patterns. ``data_dir``: the folder of external data files the experts rewrite may reorder in place
     (an export's staging folder). Records and returns what was written."""
-    from attnres_export.graphs.onnxruntime_ops.attention import group_query_attention
+    from attnres_export.graphs.onnxruntime_ops.attention import causal_group_query_attention, group_query_attention
     from attnres_export.graphs.onnxruntime_ops.experts import mixture_of_experts
     from attnres_export.graphs.onnxruntime_ops.kda import causal_convolutions, linear_attention
     from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms, skip_layer_norms
@@ -75,7 +75,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     layers = _cached_attention_layers(model)
     ops.attention_layers = len(layers)
     heads = _attention_heads(model)
-    if layers and heads is None:
+    if heads is None:
         ops.kept.append("attention: the export records no head count, so it stays in standard ops")
     elif layers:
         ops.nodes["GroupQueryAttention"] = group_query_attention(model, *heads).layers
@@ -83,13 +83,15 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
             ops.kept.append(f"attention: {len(layers) - ops.nodes['GroupQueryAttention']} of {len(layers)} cached "
                             "layers do not match GroupQueryAttention's pattern (written another way than the "
                             "exporter writes attention) and stay in standard ops")
+    elif not any(v.name.startswith(PAST_PREFIX) for v in model.graph.input):
+        ops.nodes["GroupQueryAttention"] = causal_group_query_attention(model, *heads)
+        if not ops.nodes["GroupQueryAttention"]:
+            ops.kept.append("attention: this graph without past spells its attention another way than "
+                            "GroupQueryAttention's pattern (or reads an attention_mask) and keeps it in standard ops")
     latent = _latent_attention_layers(model)
     if latent:
         ops.kept.append(f"attention: {len(latent)} latent-attention layer(s) stay in standard ops "
                         "(GroupQueryAttention reads cached keys and values, these layers cache a compressed latent)")
-    if not layers and not latent and not any(v.name.startswith(PAST_PREFIX) for v in model.graph.input):
-        ops.kept.append("attention: a graph without past keeps standard-op attention (GroupQueryAttention needs a "
-                        "cache; export --with-past for the decode graph)")
     ops.nodes["SimplifiedLayerNormalization"] = simplified_layer_norms(model)
     ops.nodes["SkipSimplifiedLayerNormalization"] = skip_layer_norms(model)
     ops.nodes["SimplifiedLayerNormalization"] -= ops.nodes["SkipSimplifiedLayerNormalization"]
@@ -112,12 +114,18 @@ def _latent_attention_layers(model: onnx.ModelProto) -> list[str]:
 
 
 def _attention_heads(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """``(query heads, key/value heads)``: the query heads from the export metadata, the key/value heads from the
-    first cache input's declared shape ``[batch, kv_heads, past, head]``."""
+    """``(query heads, key/value heads)`` from the export metadata (the with-past form's record, else the model's
+    config), the key/value heads checked against the first cache input's declared ``[batch, kv_heads, past,
+    head]``."""
     info = export_info(model)
-    heads = info.get("num_attention_heads", info.get("n_heads"))
+    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    heads = info.get("num_attention_heads", info.get("n_heads", config.get("num_attention_heads",
+                                                                            config.get("n_heads"))))
+    kv_heads = info.get("num_key_value_heads", config.get("num_key_value_heads", heads))
     cache = next((v for v in model.graph.input if v.name.startswith(PAST_PREFIX) and v.name.endswith(".key")), None)
     dims = cache.type.tensor_type.shape.dim if cache is not None else []
-    if not isinstance(heads, int) or heads < 1 or len(dims) != 4 or not dims[1].dim_value:
+    if cache is not None and (len(dims) != 4 or dims[1].dim_value != kv_heads):
         return None
-    return heads, dims[1].dim_value
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads <= heads and heads % kv_heads == 0):
+        return None
+    return heads, kv_heads
