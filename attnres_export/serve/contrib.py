@@ -1,5 +1,6 @@
-"""Graphs neither serving command takes: an onnxruntime-genai folder's ``model.onnx`` (``attnres-export --genai``,
-docs/genai.md), whose attention is ONNX Runtime's ``com.microsoft.GroupQueryAttention``.
+"""Graphs neither serving command takes: those of the ``onnxruntime`` target and an onnxruntime-genai folder's
+``model.onnx`` (``attnres-export --target onnxruntime [--genai]``, docs/onnxruntime-target.md), whose attention is
+ONNX Runtime's ``com.microsoft.GroupQueryAttention``.
 
 That node is exact only under onnxruntime-genai's inputs: it reads each row's length (``seqlens_k =
 sum(attention_mask) - 1``), not the mask, so a left-padded row or a mask with zeros inside attends to the wrong
@@ -26,8 +27,8 @@ def refuse_length_only_attention(model: onnx.ModelProto, artifact: Path) -> None
     found = [n for n in model.graph.node if (n.domain, n.op_type) in LENGTH_ONLY_ATTENTION]
     if found:
         raise ServeError(
-            f"{Path(artifact).name} has {len(found)} {found[0].domain}.{found[0].op_type} node(s) (an "
-            "onnxruntime-genai folder's graph), which read each row's length, not its attention mask, and take "
-            "one row per step with past and several tokens, so batched or padded requests would be wrong or fail; "
-            "serve the with-past export without --genai (attnres-export MODEL --with-past --target portable), and "
-            "run this folder with onnxruntime-genai (docs/genai.md)")
+            f"{Path(artifact).name} has {len(found)} {found[0].domain}.{found[0].op_type} node(s) (the onnxruntime "
+            "target's or an onnxruntime-genai folder's graph), which read each row's length, not its attention "
+            "mask, and take one row per step with past and several tokens, so batched or padded requests would be "
+            "wrong or fail; serve the with-past export of the portable target (attnres-export MODEL --with-past "
+            "--target portable), and run this graph with attnres generate or onnxruntime-genai (docs/genai.md)")
