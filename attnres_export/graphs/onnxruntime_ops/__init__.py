@@ -63,6 +63,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     from attnres_export.graphs.onnxruntime_ops.experts import mixture_of_experts
     from attnres_export.graphs.onnxruntime_ops.kda import causal_convolutions, linear_attention
     from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms, skip_layer_norms
+    from attnres_export.graphs.onnxruntime_ops.rotary import rotary_embeddings
 
     ops = OnnxRuntimeOps()
     ops.nodes["LinearAttention"] = linear_attention(model)
@@ -74,16 +75,20 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     ops.reordered += experts.reordered
     layers = _cached_attention_layers(model)
     ops.attention_layers = len(layers)
-    heads = _attention_heads(model)
-    if heads is None:
+    plain = not any(v.name.startswith(PAST_PREFIX) for v in model.graph.input)
+    heads, head_size = _attention_heads(model), _head_size(model)
+    if (layers or plain) and heads is None:
         ops.kept.append("attention: the export records no head count, so it stays in standard ops")
+    elif (layers or plain) and (head_size is None or head_size % 8):
+        ops.kept.append(f"attention: heads of {head_size or 'unknown'} values stay in standard ops "
+                        "(ONNX Runtime's GroupQueryAttention needs a head size that is a multiple of 8)")
     elif layers:
         ops.nodes["GroupQueryAttention"] = group_query_attention(model, *heads).layers
         if ops.nodes["GroupQueryAttention"] < len(layers):
             ops.kept.append(f"attention: {len(layers) - ops.nodes['GroupQueryAttention']} of {len(layers)} cached "
                             "layers do not match GroupQueryAttention's pattern (written another way than the "
                             "exporter writes attention) and stay in standard ops")
-    elif not any(v.name.startswith(PAST_PREFIX) for v in model.graph.input):
+    elif plain:
         ops.nodes["GroupQueryAttention"] = causal_group_query_attention(model, *heads)
         if not ops.nodes["GroupQueryAttention"]:
             ops.kept.append("attention: this graph without past spells its attention another way than "
@@ -92,6 +97,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     if latent:
         ops.kept.append(f"attention: {len(latent)} latent-attention layer(s) stay in standard ops "
                         "(GroupQueryAttention reads cached keys and values, these layers cache a compressed latent)")
+    ops.nodes["RotaryEmbedding"] = rotary_embeddings(model, _max_positions(model), data_dir=data_dir)
     ops.nodes["SimplifiedLayerNormalization"] = simplified_layer_norms(model)
     ops.nodes["SkipSimplifiedLayerNormalization"] = skip_layer_norms(model)
     ops.nodes["SimplifiedLayerNormalization"] -= ops.nodes["SkipSimplifiedLayerNormalization"]
@@ -111,6 +117,33 @@ def _latent_attention_layers(model: onnx.ModelProto) -> list[str]:
     """Layers whose cache is a compressed latent (``past_key_values.i.latent``: DeepSeek-V3's and Kimi's MLA)."""
     return [v.name.split(".")[1] for v in model.graph.input
             if v.name.startswith(PAST_PREFIX) and v.name.endswith(".latent")]
+
+
+def _head_size(model: onnx.ModelProto) -> int | None:
+    """The attention head size: the cache's last declared dim, else the config's ``head_dim`` (or width / heads)."""
+    cache = next((v for v in model.graph.input if v.name.startswith(PAST_PREFIX) and v.name.endswith(".key")), None)
+    if cache is not None:
+        dims = cache.type.tensor_type.shape.dim
+        return dims[-1].dim_value or None if dims else None
+    info = export_info(model)
+    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    if isinstance(config.get("head_dim"), int):
+        return config["head_dim"]
+    width, heads = config.get("hidden_size", config.get("d_model")), config.get("num_attention_heads",
+                                                                               config.get("n_heads"))
+    return width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
+
+
+def _max_positions(model: onnx.ModelProto) -> int:
+    """Rows of the rotary tables: the model's longest sequence (its config's), or the export's largest past plus
+    new tokens when that is longer."""
+    info = export_info(model)
+    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    dims = info.get("dims", {}) if isinstance(info.get("dims"), dict) else {}
+    exported = sum(int(dims[name][-1]) for name in ("seq", "past") if isinstance(dims.get(name), list))
+    longest = [info.get("max_seq_len"), config.get("max_seq_len"), config.get("max_position_embeddings"), exported]
+    return max(v for v in longest if isinstance(v, int) and v > 0) if any(
+        isinstance(v, int) and v > 0 for v in longest) else 1
 
 
 def _attention_heads(model: onnx.ModelProto) -> tuple[int, int] | None:

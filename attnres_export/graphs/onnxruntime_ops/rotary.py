@@ -85,6 +85,7 @@ def rotary_embeddings(model: onnx.ModelProto, max_positions: int, run: Run | Non
     tables: dict[tuple[str, str], tuple[str, str] | None] = {}
     names: dict[bytes, tuple[str, str]] = {}
     position_inputs: dict[str, str] = {}
+    rewritten: dict[str, str] = {}
     count = 0
     for add in [n for n in graph.node if n.op_type == "Add"]:
         found = _match(graph, nodes, shapes, add)
@@ -103,8 +104,10 @@ def rotary_embeddings(model: onnx.ModelProto, max_positions: int, run: Run | Non
                                        [add.output[0]], name=f"genai/rotary/{add.output[0]}", domain=MS_DOMAIN,
                                        interleaved=0))
         graph.node.remove(add)
+        rewritten.update({found.cos: position, found.sin: position})
         count += 1
     if count:
+        _read_shapes_from_positions(graph, rewritten)
         drop_dead_nodes(graph)
         import_microsoft_domain(model)
     return count
@@ -231,7 +234,7 @@ def _tables(model: onnx.ModelProto, nodes: Nodes, shapes: dict[str, list], found
         cos, sin = _evaluate(sub, run, found, position, np.arange(positions, dtype=np.int64)[None])
         probe = _PROBE % positions
         cos_probe, sin_probe = _evaluate(sub, run, found, position, probe)
-    except Exception:  # noqa: BLE001 - any evaluation failure (an index beyond a stored table, ...) leaves it as is
+    except Exception:  # any failure to evaluate (a position beyond a stored table, ...) leaves it as it is
         return None
     width = dims[3]
     if cos.dtype != np.float32 or cos.shape != (1, 1, positions, width) or sin.shape != cos.shape:
@@ -311,6 +314,23 @@ def _reference(model: onnx.ModelProto, feeds: Feeds) -> Feeds:
 
     names = [o.name for o in model.graph.output]
     return dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=True))
+
+
+def _read_shapes_from_positions(graph: onnx.GraphProto, rewritten: dict[str, str]) -> None:
+    """A ``Shape`` of a rewritten cos/sin (the exporter reads the sequence length from ``sin``) reads the same
+    dimension of the position input, so that nothing keeps the replaced cos/sin nodes alive for their shape:
+    ``[batch, 1, seq, D]`` (checked at two probes in ``_tables``) has ``position_ids``' batch at 0, its seq at 2."""
+    moved = {(0, 1): (0, 1), (2, 3): (1, 2)}
+    for node in graph.node:
+        if node.op_type != "Shape" or node.input[0] not in rewritten:
+            continue
+        start, end = attr(node, "start", 0), attr(node, "end", 4)
+        span = (start + 4 if start < 0 else start, min(end + 4 if end < 0 else end, 4))
+        if span in moved:
+            node.input[0] = rewritten[node.input[0]]
+            del node.attribute[:]
+            start, end = moved[span]
+            node.attribute.extend([oh.make_attribute("start", start), oh.make_attribute("end", end)])
 
 
 def _int64(graph: onnx.GraphProto, position: str) -> str:
