@@ -93,3 +93,16 @@ def test_a_decoder_graph_without_past_attends_through_group_query_attention_and_
     assert json.loads(report.read_text())["ok"]
     ops = OnnxRuntimeOps.of(onnx.load(str(tmp_path / "m.onnx"), load_external_data=False))
     assert ops.nodes["GroupQueryAttention"] == 2 and ops.attention_layers == 0
+
+
+@pytest.mark.slow
+def test_heads_of_a_size_group_query_attention_refuses_keep_standard_attention_and_say_so(tmp_path):
+    from tests.models.decoder.hf_bodies import hf_model, write_folder
+
+    folder = tmp_path / "qwen3"
+    write_folder(hf_model("qwen3", 3, head_dim=12), folder)
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "-o", tmp_path / "m.onnx")
+    assert result.exit_code == 0, result.output
+    assert "heads of 12 values stay in standard ops" in " ".join(result.output.split())
+    ops = OnnxRuntimeOps.of(onnx.load(str(tmp_path / "m.onnx"), load_external_data=False))
+    assert "GroupQueryAttention" not in ops.nodes and ops.nodes["RotaryEmbedding"] == 2 * 3
