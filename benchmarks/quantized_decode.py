@@ -11,6 +11,8 @@
      levels (the builder quantizes its output head, so this is its like-for-like);
    - ``fp16`` and ``int4+emb fp16``: ``--dtype float16`` without and with ``--quantize int4 --quantize-embeddings``,
      for the file sizes only;
+   - ``int4+emb ort``: the same quantization exported for the ``onnxruntime`` target (``MatMulNBits`` written with
+     ``accuracy_level`` 1, ``GroupQueryAttention``, ``RotaryEmbedding``, fused norms; docs/onnxruntime-target.md);
    - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (its defaults on CPU:
      RTN block 32, MatMulNBits ``accuracy_level`` 4), run by onnxruntime-genai.
    Decode tokens/s (greedy, fixed random prompt, ``--new`` tokens: one prefill then ``--new - 1`` cached steps, all
@@ -89,15 +91,15 @@ def hf_folder(body: str, size: dict, out: Path, seed: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def export_args(folder: Path, out: Path, args, *extra: str) -> list[str]:
-    return [str(folder), "-o", str(out), "--with-past", "--target", "portable", "--no-check",
+def export_args(folder: Path, out: Path, args, *extra: str, target: str = "portable") -> list[str]:
+    return [str(folder), "-o", str(out), "--with-past", "--target", target, "--no-check",
             "--batch", f"1:1:{max(args.batches)}", "--seq", f"1:1:{args.prompt}",
             "--past", f"0:{args.prompt}:{args.prompt + args.new}", *extra]
 
 
-def export(folder: Path, out: Path, args, *extra: str) -> dict:
+def export(folder: Path, out: Path, args, *extra: str, target: str = "portable") -> dict:
     """``attnres-export`` in a child process: its wall time and peak RSS (``VmHWM``)."""
-    result = run_child("export", *export_args(folder, out, args, *extra))
+    result = run_child("export", *export_args(folder, out, args, *extra, target=target))
     return {"wall_s": result["wall"], "peak_rss_mib": result["maxrss_kib"] / 1024, "bytes": onnx_bytes(out)}
 
 
@@ -173,10 +175,12 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
     exports = {}
     plans = {"fp32": (), "int4": ("--quantize", "int4"), "int4+emb": ("--quantize", "int4", "--quantize-embeddings"),
              "fp16": ("--dtype", "float16"),
-             "int4+emb fp16": ("--dtype", "float16", "--quantize", "int4", "--quantize-embeddings")}
+             "int4+emb fp16": ("--dtype", "float16", "--quantize", "int4", "--quantize-embeddings"),
+             "int4+emb ort": ("--quantize", "int4", "--quantize-embeddings")}
     for name, extra in plans.items():
         out = work / f"{body}-{name.replace(' ', '-').replace('+', '_')}.onnx"
-        exports[name] = export(hf, out, args, *extra) | {"path": out}
+        target = "onnxruntime" if name.endswith(" ort") else "portable"
+        exports[name] = export(hf, out, args, *extra, target=target) | {"path": out}
         print(f"#   {name}: exported in {exports[name]['wall_s']:.0f} s, peak RSS "
               f"{exports[name]['peak_rss_mib']:,.0f} MiB, {exports[name]['bytes'] / MIB:,.1f} MiB", flush=True)
     exports["builder"] = builder(hf, work / f"{body}-builder") | {"path": work / f"{body}-builder"}
@@ -184,7 +188,8 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
           flush=True)
     runners: dict[str, Callable] = {}
     for name, export_name, accuracy in (("fp32", "fp32", 1), ("int4 a1", "int4", 1), ("int4 a4", "int4", 4),
-                                        ("int4+emb a1", "int4+emb", 1), ("int4+emb a4", "int4+emb", 4)):
+                                        ("int4+emb a1", "int4+emb", 1), ("int4+emb a4", "int4+emb", 4),
+                                        ("int4+emb ort", "int4+emb ort", 1)):
         decoder = ort_decoder(exports[export_name]["path"], args.threads, accuracy)
         runners[name] = lambda p, n, d=decoder: run_decoder(d, p, n)
     model = genai_load(exports["builder"]["path"], args.threads)
@@ -310,13 +315,14 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     for note in notes:
         print(f"#   note: {note}")
     print("\ndecode tokens/s (all rows), ONNX Runtime CPU; a1/a4: MatMulNBits accuracy_level 1 (float32 activations) "
-          "/ 4 (int8 activations); builder: onnxruntime-genai; same: greedy tokens equal to the builder's (row 0)")
+          "/ 4 (int8 activations); ort: the onnxruntime target (accuracy_level 1); builder: onnxruntime-genai; same: "
+          "greedy tokens equal to the builder's (row 0)")
     print("| body | params | model | " + " | ".join(f"b{b} tok/s | vs fp32 | vs builder" for b in args.batches)
           + f" | same/{args.new} |")
     print("|---|---:|---|" + "---:|---:|---:|" * len(args.batches) + "---:|")
     for body in bodies:
         d = body["decode"]
-        for name in ("fp32", "int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "builder"):
+        for name in ("fp32", "int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "builder"):
             cells = []
             for b in args.batches:
                 r, base, ref = d.get(f"{name} b{b}"), d.get(f"fp32 b{b}"), d.get(f"builder b{b}")
@@ -334,7 +340,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for body in bodies:
         e = body["exports"]
-        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "builder"):
+        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "int4+emb ort", "builder"):
             x = e[name]
             rss = f"{x['peak_rss_mib']:,.0f}" if "peak_rss_mib" in x else ""
             print(f"| {body['body']} | {name} | {x['bytes'] / MIB:,.1f} | {ratio(x['bytes'], e['fp16']['bytes'])} | "
@@ -346,7 +352,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
         d, e = body["decode"], body["exports"]
         fp32 = d.get(f"fp32 b{b1}", {}).get("tokens_per_s")
         ref = d.get(f"builder b{b1}", {}).get("tokens_per_s")
-        for name in ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4"):
+        for name in ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort"):
             tps = d.get(f"{name} b{b1}", {}).get("tokens_per_s")
             if tps and fp32:
                 print(f"- {body['body']} {name} over fp32 at b{b1}: {tps / fp32:.2f}x (goal >= "

@@ -167,10 +167,7 @@ def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, 
         fused.outputs[0].shape = node.outputs[0].shape
         node.graph.insert_before(node, [fused])
         old = node.outputs[0]
-        ir.convenience.replace_all_uses_with(old, fused.outputs[0])
-        if old.is_graph_output():
-            outputs = node.graph.outputs
-            outputs[outputs.index(old)] = fused.outputs[0]
+        ir.convenience.replace_all_uses_with(old, fused.outputs[0], replace_graph_outputs=True)
         old.name = None
         node.graph.remove(node, safe=True)
     graph.initializers.pop(value.name)

@@ -189,14 +189,15 @@ def test_int8_for_the_tensorrt_target_is_per_channel_which_tensorrt_builds(llama
 
 
 @pytest.mark.slow
-def test_an_int4_genai_folder_generates_the_quantized_models_greedy_tokens(tmp_path):
+def test_an_int4_genai_folder_with_its_head_quantized_generates_the_quantized_models_greedy_tokens(tmp_path):
     from attnres_export.decode.generate import generate, torch_decoder
     from tests.exporter.genai_helpers import NEW_TOKENS, PROMPTS, genai_generate, write_family_folder
 
     folder = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2)
     out = tmp_path / "genai"
-    result = invoke("export", folder, "--with-past", "--target", "portable", "--genai", out, "--quantize", "int4")
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "--genai", out, "--quantize", "int4",
+                    "--quantize-embeddings")
     assert result.exit_code == 0, result.output
-    quantized = open_checkpoint(folder).quantized_on_read(4, 32, embeddings=False).model()
+    quantized = open_checkpoint(folder).quantized_on_read(4, 32, embeddings=True).model()
     expected = [generate(torch_decoder(quantized), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
     assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected
