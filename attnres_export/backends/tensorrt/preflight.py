@@ -109,7 +109,17 @@ def preflight(
     result.problems.extend(Problem(name, f"TensorRT does not build this quantized weight's DequantizeLinear: {problem} "
                                          "(docs/quantization.md#tensorrt)")
                            for name, problem in dequantize_problems(model))
+    result.problems.extend(Problem(node.name or node.op_type, f"{node.op_type} is one of ONNX Runtime's own ops (the "
+                                   "onnxruntime target), which TensorRT's parser does not build; export with "
+                                   "--target tensorrt (docs/onnxruntime-target.md)")
+                           for node in model.graph.node if _onnx_runtime_op(node))
     return result
+
+
+def _onnx_runtime_op(node: onnx.NodeProto) -> bool:
+    """A ``com.microsoft`` node, or ONNX Runtime's default-domain ``SimplifiedLayerNormalization``."""
+    return node.domain == "com.microsoft" or (node.domain in ("", "ai.onnx")
+                                              and node.op_type == "SimplifiedLayerNormalization")
 
 
 def _mismatch(request: NodeRequest, available: set[PluginKey], libraries: Sequence[str]) -> str:

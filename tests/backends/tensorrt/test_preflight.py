@@ -154,3 +154,15 @@ def test_aggregate_norm_takes_a_float32_norm_weight_beside_storage_typed_sources
     assert preflight(aggregate_norm_model(TensorProto.FLOAT), ATTNRES_CREATORS, (10, 8), LIBS).ok
     result = preflight(aggregate_norm_model(TensorProto.FLOAT16), ATTNRES_CREATORS, (10, 8), LIBS)
     assert not result.ok and "norm_weight is float16; the plugin takes float32" in messages(result)
+
+
+def test_onnx_runtime_s_own_ops_of_the_onnxruntime_target_are_refused_with_the_tensorrt_way_out():
+    model = aggregate_model()
+    model.graph.node.append(onnx.helper.make_node("GroupQueryAttention", [], [], name="gqa", domain="com.microsoft"))
+    model.graph.node.append(onnx.helper.make_node("SimplifiedLayerNormalization", [], [], name="norm"))
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    result = preflight(model, REGISTRY, (10, 8), LIBS)
+    assert not result.ok
+    text = messages(result)
+    assert "'gqa': GroupQueryAttention is one of ONNX Runtime's own ops" in text and "'norm'" in text
+    assert "--target tensorrt" in text
