@@ -106,3 +106,22 @@ def test_heads_of_a_size_group_query_attention_refuses_keep_standard_attention_a
     assert "heads of 12 values stay in standard ops" in " ".join(result.output.split())
     ops = OnnxRuntimeOps.of(onnx.load(str(tmp_path / "m.onnx"), load_external_data=False))
     assert "GroupQueryAttention" not in ops.nodes and ops.nodes["RotaryEmbedding"] == 2 * 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "dtype", "ops"), [
+    ("qwen3-moe", "float16", {"MoE": 2, "GroupQueryAttention": 2, "RotaryEmbedding": 4}),
+    ("kimi-linear", "bfloat16", {"LinearAttention": 1, "CausalConvWithState": 3}),
+    ("deepseek-v3", "float16", {}),
+])
+def test_half_precision_with_past_exports_of_the_onnxruntime_target_pass_their_parity_check(tmp_path, arch, dtype,
+                                                                                            ops):
+    folder = tmp_path / arch
+    assert invoke("example", "--arch", arch, folder).exit_code == 0
+    report = tmp_path / "r.json"
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "--dtype", dtype,
+                    "-o", tmp_path / "m.onnx", "--report", report)
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["ok"]
+    written = OnnxRuntimeOps.of(onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)).nodes
+    assert {op: written.get(op) for op in ops} == ops
