@@ -27,7 +27,7 @@ FOLDERS = {
 """name -> (model_type, attn_res_block_size or None for standard residuals, layers)."""
 
 SLOW = [
-    (Case("llama"), 4),
+    pytest.param(Case("llama"), 4, marks=pytest.mark.full),
     pytest.param(Case("qwen3-k3", "float16"), 4, marks=pytest.mark.full),
     (Case("qwen3-k3", "bfloat16", with_past=True, fuse_norm=True), 5),
     (Case("qwen2-tied", "float32", with_past=True, target="portable"), 4),
@@ -39,7 +39,8 @@ SLOW = [
 ]
 """(case, kinds of piece traced): embedding, attention (grouped-query or latent), dense and/or MoE feed-forward,
 head, and with ``fuse_norm`` layer 0's attention that keeps its PreNorm. The ``full`` cases repeat what the others
-cover (each family, dtype, target, with-past and fuse-norm stays in CI's ``-m "slow and not full"``)."""
+cover (each dtype, target, with-past and fuse-norm stays in CI's ``-m "slow and not full"``, and every family
+but Llama, whose dense body Qwen2 and Qwen3 share)."""
 
 
 @pytest.fixture(scope="module")
