@@ -119,14 +119,23 @@ def _latent_attention_layers(model: onnx.ModelProto) -> list[str]:
             if v.name.startswith(PAST_PREFIX) and v.name.endswith(".latent")]
 
 
+def _config(info: dict) -> dict:
+    """The model config the export recorded (``{}`` when there is none)."""
+    return info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+
+
+def _key_cache(model: onnx.ModelProto) -> onnx.ValueInfoProto | None:
+    """The first cached-keys input ``past_key_values.i.key``, declared ``[batch, kv_heads, past, head]``."""
+    return next((v for v in model.graph.input if v.name.startswith(PAST_PREFIX) and v.name.endswith(".key")), None)
+
+
 def _head_size(model: onnx.ModelProto) -> int | None:
     """The attention head size: the cache's last declared dim, else the config's ``head_dim`` (or width / heads)."""
-    cache = next((v for v in model.graph.input if v.name.startswith(PAST_PREFIX) and v.name.endswith(".key")), None)
+    cache = _key_cache(model)
     if cache is not None:
         dims = cache.type.tensor_type.shape.dim
         return dims[-1].dim_value or None if dims else None
-    info = export_info(model)
-    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    config = _config(export_info(model))
     if isinstance(config.get("head_dim"), int):
         return config["head_dim"]
     width, heads = config.get("hidden_size", config.get("d_model")), config.get("num_attention_heads",
@@ -138,12 +147,11 @@ def _max_positions(model: onnx.ModelProto) -> int:
     """Rows of the rotary tables: the model's longest sequence (its config's), or the export's largest past plus
     new tokens when that is longer."""
     info = export_info(model)
-    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    config = _config(info)
     dims = info.get("dims", {}) if isinstance(info.get("dims"), dict) else {}
     exported = sum(int(dims[name][-1]) for name in ("seq", "past") if isinstance(dims.get(name), list))
     longest = [info.get("max_seq_len"), config.get("max_seq_len"), config.get("max_position_embeddings"), exported]
-    return max(v for v in longest if isinstance(v, int) and v > 0) if any(
-        isinstance(v, int) and v > 0 for v in longest) else 1
+    return max((v for v in longest if isinstance(v, int) and v > 0), default=1)
 
 
 def _attention_heads(model: onnx.ModelProto) -> tuple[int, int] | None:
@@ -151,11 +159,11 @@ def _attention_heads(model: onnx.ModelProto) -> tuple[int, int] | None:
     config), the key/value heads checked against the first cache input's declared ``[batch, kv_heads, past,
     head]``."""
     info = export_info(model)
-    config = info.get("config", {}) if isinstance(info.get("config"), dict) else {}
+    config = _config(info)
     heads = info.get("num_attention_heads", info.get("n_heads", config.get("num_attention_heads",
                                                                             config.get("n_heads"))))
     kv_heads = info.get("num_key_value_heads", config.get("num_key_value_heads", heads))
-    cache = next((v for v in model.graph.input if v.name.startswith(PAST_PREFIX) and v.name.endswith(".key")), None)
+    cache = _key_cache(model)
     dims = cache.type.tensor_type.shape.dim if cache is not None else []
     if cache is not None and (len(dims) != 4 or dims[1].dim_value != kv_heads):
         return None
