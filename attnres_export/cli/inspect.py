@@ -123,6 +123,12 @@ def _inspect_onnx(file: Path) -> None:
                                ("type", "initializers", "elements", "bytes", "bytes/element"),
                                [(name, str(n), f"{elements:,}", human_bytes(size), f"{size / max(elements, 1):.3g}")
                                 for name, (n, elements, size) in summary.weights.items()]))
+    if summary.onnxruntime_ops is not None:
+        ops = summary.onnxruntime_ops
+        console.print(table_of("ONNX Runtime fused ops (com.microsoft)", ("op", "nodes"),
+                               [(op, str(n)) for op, n in ops.nodes.items()] or [("(none matched)", "0")]))
+        for line in ops.kept:
+            console.print(f"kept in standard ops: {line}", highlight=False, soft_wrap=True)
     if summary.export_info:
         console.print("export: " + ", ".join(f"{k}={v}" for k, v in summary.export_info.items()))
 

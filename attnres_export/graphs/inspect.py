@@ -10,6 +10,7 @@ import onnx
 
 from attnres_export.dtypes import onnx_type_name
 from attnres_export.graphs.metadata import export_info
+from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.graphs.targets import detect_target
 from attnres_export.ops.descriptors import OPS, is_attnres
 
@@ -27,6 +28,9 @@ class OnnxSummary:
     export_info: dict = field(default_factory=dict)
     weights: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """By stored element type (``int4``, ``float32``, ...): initializers, elements, bytes (from the headers)."""
+    onnxruntime_ops: OnnxRuntimeOps | None = None
+    """What the ``onnxruntime`` target wrote as ONNX Runtime's fused ops and kept in standard ops (None: another
+    target)."""
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[str]:
@@ -50,6 +54,7 @@ def summarize(model: onnx.ModelProto) -> OnnxSummary:
         fused_by_arity=dict(sorted(fused.items())),
         export_info=info,
         weights=_weights(model.graph),
+        onnxruntime_ops=OnnxRuntimeOps.of(model),
     )
 
 

@@ -201,3 +201,18 @@ def test_an_int4_genai_folder_with_its_head_quantized_generates_the_quantized_mo
     quantized = open_checkpoint(folder).quantized_on_read(4, 32, embeddings=True).model()
     expected = [generate(torch_decoder(quantized), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
     assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected
+
+
+def test_the_onnxruntime_target_counts_the_matmul_nbits_it_writes_among_its_fused_ops_and_inspect_shows_them(
+        llama_folder, tmp_path):
+    out = tmp_path / "q.onnx"
+    result = invoke("export", llama_folder, "--target", "onnxruntime", "-o", out, "--quantize", "int4")
+    assert result.exit_code == 0, result.output
+    model = onnx.load(str(out), load_external_data=False)
+    written = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    assert len(written) == 21  # 3 layers x 7 projections; the head stays float
+    assert "21 MatMulNBits" in result.output.split("ONNX Runtime fused ops:")[1].splitlines()[0]
+    shown = invoke("inspect", out)
+    assert shown.exit_code == 0, shown.output
+    rows = shown.output.split("ONNX Runtime fused ops (com.microsoft)")[1]
+    assert ["MatMulNBits", "21"] in [line.split() for line in rows.splitlines()], rows

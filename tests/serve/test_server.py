@@ -73,8 +73,12 @@ def test_health_and_the_models_real_inputs_and_outputs(server):
 def test_the_served_line_comes_first_and_tritons_harmless_start_up_lines_are_not_shown(server):
     assert wait_for(lambda: "successfully loaded 'm'" in server.output(), 30) is not None, server.output()[-3000:]
     output = server.output()
-    assert output.startswith("serving m ("), output[:3000]
-    assert output.index("serving m (") < output.index("Started HTTPService") < output.index("successfully loaded")
+    # A start that failed on a loaded machine shows its log, then the line saying the backend starts again
+    # (Supervisor.start); the start that serves is held behind the served line all the same.
+    retried = output.rfind("starting the backend again")
+    serving_start = output[output.index("\n", retried) + 1:] if retried >= 0 else output
+    assert serving_start.startswith("serving m ("), output
+    assert serving_start.index("Started HTTPService") < serving_start.index("successfully loaded"), output
     for entry in HARMLESS:
         assert not any(harmless(line) is entry for line in output.splitlines()), entry.message
     assert "fork_posix.cc" not in output  # gRPC's own start-up line, in this process
