@@ -17,6 +17,7 @@ from attnres_export.models.decoder.config import DecoderConfig
 from attnres_export.models.decoder.hf_config import yarn_mscale
 from attnres_export.models.decoder.rope import rotate
 from attnres_export.models.layers.attention import LATENT_NORM_EPS, attend
+from attnres_export.models.layers.latent_attention import latent_attend
 from attnres_export.models.layers.norm import RMSNorm
 
 
@@ -99,9 +100,6 @@ class LatentAttention(nn.Module):
         if past is not None:
             latent = torch.cat([past[0].to(latent.dtype), latent], dim=1)
             k_rot = torch.cat([past[1].to(k_rot.dtype), k_rot], dim=1)
-        s = latent.shape[1]
-        k_nope, v = self.kv_b_proj(latent).view(b, s, h, mla.qk_nope_head_dim + mla.v_head_dim).transpose(1, 2).split(
-            [mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_rot.unsqueeze(1).expand(b, h, s, mla.qk_rope_head_dim)], dim=-1)
-        out = attend(torch.cat([q_pass, q_rot], dim=-1), k, v, allowed, self.scale).to(x.dtype)
+        out = latent_attend(torch.cat([q_pass, q_rot], dim=-1), latent, k_rot, self.kv_b_proj.weight,
+                            mla.qk_nope_head_dim, mla.v_head_dim, allowed, self.scale, past is not None).to(x.dtype)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h * mla.v_head_dim)), (latent, k_rot)

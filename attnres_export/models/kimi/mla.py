@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from attnres_export.models.kimi.lm_config import KimiLinearConfig
-from attnres_export.models.layers.attention import LATENT_NORM_EPS, attend
+from attnres_export.models.layers.attention import LATENT_NORM_EPS
+from attnres_export.models.layers.latent_attention import latent_attend
 from attnres_export.models.layers.norm import RMSNorm
 
 
@@ -53,11 +54,8 @@ class NopeLatentAttention(nn.Module):
         if past is not None:
             latent = torch.cat([past[0].to(latent.dtype), latent], dim=1)
             k_shared = torch.cat([past[1].to(k_shared.dtype), k_shared], dim=1)
-        s = latent.shape[1]
-        k_nope, v = self.kv_b_proj(latent).view(b, s, h, cfg.qk_nope_head_dim + cfg.v_head_dim).transpose(1, 2).split(
-            [cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_shared.unsqueeze(1).expand(b, h, s, cfg.qk_rope_head_dim)], dim=-1)
-        out = attend(q, k, v, allowed, self.scale).to(x.dtype).transpose(1, 2).reshape(b, t, h * cfg.v_head_dim)
+        out = latent_attend(q, latent, k_shared, self.kv_b_proj.weight, cfg.qk_nope_head_dim, cfg.v_head_dim, allowed,
+                            self.scale, past is not None).to(x.dtype).transpose(1, 2).reshape(b, t, h * cfg.v_head_dim)
         if cfg.mla_use_output_gate:
             out = out * torch.sigmoid(self.g_proj(x))
         return self.o_proj(out), (latent, k_shared)
