@@ -47,6 +47,7 @@ def latent_attend(q: torch.Tensor, latent: torch.Tensor, k_shared: torch.Tensor,
 
 
 def expanded_form(nope: int, v_dim: int, scale: float):
+    """transformers' form, as a function of the operands alone (``torch.cond`` takes branches of tensors only)."""
     def expanded(q: torch.Tensor, latent: torch.Tensor, k_shared: torch.Tensor, kv_b_weight: torch.Tensor,
                  allowed: torch.Tensor) -> torch.Tensor:
         b, heads, _, _ = q.shape
@@ -59,6 +60,7 @@ def expanded_form(nope: int, v_dim: int, scale: float):
 
 
 def absorbed_form(nope: int, v_dim: int, scale: float):
+    """The absorbed form, as a function of the operands alone; float32 throughout, as ``attend`` computes."""
     def absorbed(q: torch.Tensor, latent: torch.Tensor, k_shared: torch.Tensor, kv_b_weight: torch.Tensor,
                  allowed: torch.Tensor) -> torch.Tensor:
         heads = q.shape[1]
