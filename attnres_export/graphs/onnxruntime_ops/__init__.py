@@ -18,8 +18,8 @@ from pathlib import Path
 import onnx
 
 from attnres_export.graphs.metadata import export_info
-from attnres_export.graphs.onnx_utils import metadata, set_metadata, subgraphs
-from attnres_export.graphs.onnxruntime_ops.nodes import MS_DOMAIN
+from attnres_export.graphs.onnx_utils import metadata, set_metadata
+from attnres_export.graphs.onnxruntime_ops.nodes import MS_DOMAIN, all_nodes
 from attnres_export.models.base import PAST_PREFIX
 
 ONNX_RUNTIME_OPS_KEY = "attnres.onnxruntime_ops"
@@ -102,20 +102,10 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     ops.nodes["SimplifiedLayerNormalization"] = simplified_layer_norms(model)
     ops.nodes["SkipSimplifiedLayerNormalization"] = skip_layer_norms(model)
     ops.nodes["SimplifiedLayerNormalization"] -= ops.nodes["SkipSimplifiedLayerNormalization"]
-    ops.nodes["MatMulNBits"] = _microsoft_nodes(model.graph, "MatMulNBits")
+    ops.nodes["MatMulNBits"] = sum(n.op_type == "MatMulNBits" and n.domain == MS_DOMAIN for n in all_nodes(model.graph))
     ops.nodes = {op: count for op, count in ops.nodes.items() if count}
     set_metadata(model, ONNX_RUNTIME_OPS_KEY, ops.to_json())
     return ops
-
-
-def _microsoft_nodes(graph: onnx.GraphProto, op_type: str) -> int:
-    """``com.microsoft`` ``op_type`` nodes in ``graph`` and its subgraphs: the quantized export writes
-    ``MatMulNBits`` before this conversion, and the record counts every fused op the file holds."""
-    count = 0
-    for node in graph.node:
-        count += node.op_type == op_type and node.domain == MS_DOMAIN
-        count += sum(_microsoft_nodes(sub, op_type) for sub in subgraphs(node))
-    return count
 
 
 def _cached_attention_layers(model: onnx.ModelProto) -> list[str]:

@@ -44,6 +44,7 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 from attnres_export.graphs.onnxruntime_ops.nodes import (
     MS_DOMAIN,
     Nodes,
+    all_nodes,
     attr,
     constant_value,
     drop_dead_nodes,
@@ -134,7 +135,7 @@ def _match(graph: onnx.GraphProto, nodes: Nodes, node: onnx.NodeProto, pair: tup
     """The experts of ``node``, or the reason (without the layer's name) they stay in standard ops."""
     gate_up, down = pair
     if any(rank3[name].data_type not in MOE_TYPES for name in pair):
-        quantized = any(n.op_type == "DequantizeLinear" for sub in _branches(node) for n in _all_nodes(sub))
+        quantized = any(n.op_type == "DequantizeLinear" for sub in _branches(node) for n in all_nodes(sub))
         if quantized:
             return ("have quantized weights (DequantizeLinear of int stacks) and stay in standard ops: "
                     "com.microsoft.QMoE is not written yet")
@@ -163,15 +164,6 @@ def _match(graph: onnx.GraphProto, nodes: Nodes, node: onnx.NodeProto, pair: tup
 
 def _branches(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-
-
-def _all_nodes(sub: onnx.GraphProto) -> list[onnx.NodeProto]:
-    out = []
-    for n in sub.node:
-        out.append(n)
-        for inner in _branches(n):
-            out += _all_nodes(inner)
-    return out
 
 
 def _match_gather_branch(graph: onnx.GraphProto, outer: Nodes, sub: onnx.GraphProto, gate_up: str,

@@ -36,6 +36,16 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(keep)
 
 
+def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """``graph``'s nodes and those of every graph its nodes hold (If branches, Loop bodies), nested ones included."""
+    found = []
+    for node in graph.node:
+        found.append(node)
+        for sub in subgraphs(node):
+            found += all_nodes(sub)
+    return found
+
+
 def reads(node: onnx.NodeProto) -> list[str]:
     """The values ``node`` reads: its inputs, and what the graphs of its attributes (an If's branches, a Loop's
     body) read from the enclosing graph."""
