@@ -13,6 +13,8 @@
      for the file sizes only;
    - ``int4+emb ort``: the same quantization exported for the ``onnxruntime`` target (``MatMulNBits`` written with
      ``accuracy_level`` 1, ``GroupQueryAttention``, ``RotaryEmbedding``, fused norms; docs/onnxruntime-target.md);
+   - ``int4+emb ort a8``: the same with ``--int8-activations`` (``MatMulNBits`` written with ``accuracy_level`` 4,
+     the builder's; docs/quantization.md#int8-activations);
    - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (its defaults on CPU:
      RTN block 32, MatMulNBits ``accuracy_level`` 4), run by onnxruntime-genai.
    Decode tokens/s (greedy, fixed random prompt, ``--new`` tokens: one prefill then ``--new - 1`` cached steps, all
@@ -176,10 +178,11 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
     plans = {"fp32": (), "int4": ("--quantize", "int4"), "int4+emb": ("--quantize", "int4", "--quantize-embeddings"),
              "fp16": ("--dtype", "float16"),
              "int4+emb fp16": ("--dtype", "float16", "--quantize", "int4", "--quantize-embeddings"),
-             "int4+emb ort": ("--quantize", "int4", "--quantize-embeddings")}
+             "int4+emb ort": ("--quantize", "int4", "--quantize-embeddings"),
+             "int4+emb ort a8": ("--quantize", "int4", "--quantize-embeddings", "--int8-activations")}
     for name, extra in plans.items():
         out = work / f"{body}-{name.replace(' ', '-').replace('+', '_')}.onnx"
-        target = "onnxruntime" if name.endswith(" ort") else "portable"
+        target = "onnxruntime" if " ort" in name else "portable"
         exports[name] = export(hf, out, args, *extra, target=target) | {"path": out}
         print(f"#   {name}: exported in {exports[name]['wall_s']:.0f} s, peak RSS "
               f"{exports[name]['peak_rss_mib']:,.0f} MiB, {exports[name]['bytes'] / MIB:,.1f} MiB", flush=True)
@@ -189,7 +192,8 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
     runners: dict[str, Callable] = {}
     for name, export_name, accuracy in (("fp32", "fp32", 1), ("int4 a1", "int4", 1), ("int4 a4", "int4", 4),
                                         ("int4+emb a1", "int4+emb", 1), ("int4+emb a4", "int4+emb", 4),
-                                        ("int4+emb ort", "int4+emb ort", 1)):
+                                        ("int4+emb ort", "int4+emb ort", 1),
+                                        ("int4+emb ort a8", "int4+emb ort a8", 1)):
         decoder = ort_decoder(exports[export_name]["path"], args.threads, accuracy)
         runners[name] = lambda p, n, d=decoder: run_decoder(d, p, n)
     model = genai_load(exports["builder"]["path"], args.threads)
@@ -315,14 +319,16 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     for note in notes:
         print(f"#   note: {note}")
     print("\ndecode tokens/s (all rows), ONNX Runtime CPU; a1/a4: MatMulNBits accuracy_level 1 (float32 activations) "
-          "/ 4 (int8 activations); ort: the onnxruntime target (accuracy_level 1); builder: onnxruntime-genai; same: "
+          "/ 4 (int8 activations); ort: the onnxruntime target (accuracy_level 1; ort a8: written with "
+          "--int8-activations, accuracy_level 4); builder: onnxruntime-genai; same: "
           "greedy tokens equal to the builder's (row 0)")
     print("| body | params | model | " + " | ".join(f"b{b} tok/s | vs fp32 | vs builder" for b in args.batches)
           + f" | same/{args.new} |")
     print("|---|---:|---|" + "---:|---:|---:|" * len(args.batches) + "---:|")
     for body in bodies:
         d = body["decode"]
-        for name in ("fp32", "int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "builder"):
+        for name in ("fp32", "int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "int4+emb ort a8",
+                     "builder"):
             cells = []
             for b in args.batches:
                 r, base, ref = d.get(f"{name} b{b}"), d.get(f"fp32 b{b}"), d.get(f"builder b{b}")
@@ -340,7 +346,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for body in bodies:
         e = body["exports"]
-        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "int4+emb ort", "builder"):
+        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "int4+emb ort", "int4+emb ort a8", "builder"):
             x = e[name]
             rss = f"{x['peak_rss_mib']:,.0f}" if "peak_rss_mib" in x else ""
             print(f"| {body['body']} | {name} | {x['bytes'] / MIB:,.1f} | {ratio(x['bytes'], e['fp16']['bytes'])} | "
@@ -352,7 +358,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
         d, e = body["decode"], body["exports"]
         fp32 = d.get(f"fp32 b{b1}", {}).get("tokens_per_s")
         ref = d.get(f"builder b{b1}", {}).get("tokens_per_s")
-        for name in ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort"):
+        for name in ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "int4+emb ort a8"):
             tps = d.get(f"{name} b{b1}", {}).get("tokens_per_s")
             if tps and fp32:
                 print(f"- {body['body']} {name} over fp32 at b{b1}: {tps / fp32:.2f}x (goal >= "

@@ -98,6 +98,10 @@ def export(
         "--quantize-block-size", help="With --quantize: input columns per scale (16, 32, 64, 128 or 256).")] = 32,
     quantize_embeddings: Annotated[bool, typer.Option(
         "--quantize-embeddings", help="With --quantize: the embedding table and the output head too.")] = False,
+    int8_activations: Annotated[bool, typer.Option(
+        "--int8-activations", help="Quantized weights, --target onnxruntime or --genai, float32: each MatMulNBits "
+        "quantizes its activations to int8 per block at run time (faster on CPU, onnxruntime-genai's default; the "
+        "check's reference does the same; docs/quantization.md#int8-activations).")] = False,
     trace_whole: Annotated[bool, typer.Option(
         "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
                               "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
@@ -110,7 +114,7 @@ def export(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
         trace_whole=trace_whole, quantize=quantize, quantize_block_size=quantize_block_size,
-        quantize_embeddings=quantize_embeddings,
+        quantize_embeddings=quantize_embeddings, int8_activations=int8_activations,
     )
     if genai is not None and hf_onnx is not None:
         raise usage_error("--hf-onnx", "--genai and --hf-onnx: one folder per export; run the export once for each")

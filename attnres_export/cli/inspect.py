@@ -130,7 +130,16 @@ def _inspect_onnx(file: Path) -> None:
         for line in ops.kept:
             console.print(f"kept in standard ops: {line}", highlight=False, soft_wrap=True)
     if summary.export_info:
-        console.print("export: " + ", ".join(f"{k}={v}" for k, v in summary.export_info.items()))
+        console.print("export: " + ", ".join(f"{k}={_recorded(k, v)}" for k, v in summary.export_info.items()))
+
+
+def _recorded(key: str, value: object) -> object:
+    """An export metadata value as ``inspect`` shows it: the weights with int8 activations counted, not listed."""
+    from attnres_export.graphs.metadata import INT8_ACTIVATIONS_KEY
+
+    if key == INT8_ACTIVATIONS_KEY and isinstance(value, dict):
+        return f"{len(value)} MatMulNBits weights (accuracy_level 4)"
+    return value
 
 
 def _print_values(title: str, inputs: list[tuple[str, str, list[str]]],

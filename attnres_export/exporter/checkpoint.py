@@ -19,6 +19,7 @@ import torch
 
 from attnres_export import __version__
 from attnres_export.atomic import check_outputs, temporary_dir_beside
+from attnres_export.backends.onnxruntime.runner import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import export_planned, plan_of
@@ -31,10 +32,11 @@ from attnres_export.exporter.options import (
     refuse_default_output_of_another_source,
     validate_options,
 )
-from attnres_export.exporter.quantized_graph import MIN_OPSET, keep_quantized
+from attnres_export.exporter.quantized_graph import MIN_OPSET, QuantizedWeights, keep_quantized
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
-from attnres_export.graphs.metadata import EXPORT_KEY, QUANTIZE_KEY
+from attnres_export.graphs.load import load_onnx
+from attnres_export.graphs.metadata import EXPORT_KEY, INT8_ACTIVATIONS_KEY, QUANTIZE_KEY, export_info
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
 from attnres_export.graphs.onnxruntime_ops import OnnxRuntimeOps
 from attnres_export.graphs.targets import convert
@@ -43,6 +45,7 @@ from attnres_export.models.registry import architecture_of
 from attnres_export.models.store import Checkpoint, open_checkpoint
 from attnres_export.ops.opset import OPSET_VERSION
 from attnres_export.parity.check import default_shapes
+from attnres_export.parity.int8_activations import reference_with
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.quantization import quantization_distance
 from attnres_export.parity.report import Report
@@ -81,6 +84,9 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     if checkpoint is None:
         checkpoint = open_checkpoint(opts.source)
     unquantized, checkpoint = checkpoint, quantized_for(opts, checkpoint)
+    if opts.int8_activations and not checkpoint.quantized_formats():
+        raise ExportError(f"--int8-activations: {opts.source.name} has no quantized weights for MatMulNBits to "
+                          "multiply; add --quantize int4|int8")
     if checkpoint.quantized_formats() and opts.opset < MIN_OPSET:
         status(f"opset {MIN_OPSET}: quantized weights are written as blocked DequantizeLinear")
         opts = replace(opts, opset=MIN_OPSET)
@@ -89,10 +95,12 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         stage = Stage(folder, out.name)
         traced = job.trace(status)
         job.trace = None
-        quantized = keep_quantized(traced, opts.dtype, opts.target,
-                                   opts.matmul_nbits or opts.target == "onnxruntime")
+        quantized = keep_quantized(traced, opts.dtype, opts.target, opts.matmul_nbits or opts.target == "onnxruntime",
+                                   INT8_ACTIVATIONS if opts.int8_activations else FLOAT_ACTIVATIONS)
         if quantized.formats:
             job.metadata["quantized"] = dict(quantized.formats)
+        if opts.int8_activations:
+            job.metadata[INT8_ACTIVATIONS_KEY] = int8_activation_blocks(checkpoint, quantized)
         if opts.quantize is not None:
             job.metadata[QUANTIZE_KEY] = {"bits": opts.quantize_bits, "block_size": opts.rtn_block_size,
                                           "embeddings": opts.quantize_embeddings}
@@ -110,21 +118,39 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
         report = None
         if opts.check:
             shapes, report_extra = job.shapes, job.report_extra
+            reference = reference_with(lambda: checkpoint.model(None), job.metadata.get(INT8_ACTIVATIONS_KEY))
             del job
             collect_all_garbage()
-            report = check_onnx(stage.path, out.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype,
-                                opts.seed, shapes, tolerance_for(opts.dtype, opts.tolerances), status)
+            report = check_onnx(stage.path, out.name, reference, opts.with_past, opts.dtype, opts.seed, shapes,
+                                tolerance_for(opts.dtype, opts.tolerances), status)
             report.extra.update(report_extra)
             if unquantized is not checkpoint:
                 status("measuring how far the quantized model is from the unquantized one (float64 PyTorch)")
                 report.extra["quantization"] = quantization_distance(
-                    lambda: checkpoint.model(None), lambda: unquantized.model(None), shapes, opts.seed)
+                    reference, lambda: unquantized.model(None), shapes, opts.seed)
         target = out if report is None or report.ok else failed_path(out)
         status(f"checking and writing {target}")
         files = stage.publish(target)
     if report is not None:
         report.extra.update({"target": opts.target, "dtype": opts.dtype, "fused_nodes": fused, "onnx": str(target)})
     return ExportResult(target, files, fused, fused, report, fused_by_type, quantized, onnxruntime_ops)
+
+
+def int8_activation_blocks(checkpoint: Checkpoint, quantized: QuantizedWeights) -> dict[str, int]:
+    """The state_dict name and block size of each weight ``keep_quantized`` wrote as ``MatMulNBits`` (what the
+    check's reference quantizes the input of); refuses an export that wrote none."""
+    names = {id(stored): name for name, stored in checkpoint.tensors.items()}
+    blocks = {}
+    for weight, block in quantized.matmul_nbits:
+        if id(weight) not in names:
+            raise ExportError(f"{weight.where}: a MatMulNBits weight is not one of the model's tensors, so the check "
+                              "cannot quantize its input (please report this)")
+        blocks[names[id(weight)]] = block
+    if not blocks:
+        raise ExportError(f"--int8-activations: no weight of {checkpoint.path.name} is written as MatMulNBits (only "
+                          "4- and 8-bit integer matrices in blocks of 16 to 256 are; FP8 weights stay "
+                          "DequantizeLinear); drop --int8-activations")
+    return blocks
 
 
 def quantized_for(opts: ExportOptions, checkpoint: Checkpoint) -> Checkpoint:
@@ -259,8 +285,9 @@ def check_export(checkpoint: Checkpoint, path: Path, opts: ExportOptions,
     """The parity check ``attnres-export`` runs on its staged file, run on the ONNX file at ``path`` against the
     open ``checkpoint``."""
     shapes = _check_shapes(_ranges(checkpoint.config, opts), opts.with_past)
-    return check_onnx(path, path.name, lambda: checkpoint.model(None), opts.with_past, opts.dtype, opts.seed, shapes,
-                      tolerance_for(opts.dtype, opts.tolerances), status)
+    blocks = export_info(load_onnx(path, load_external_data=False)).get(INT8_ACTIVATIONS_KEY)
+    return check_onnx(path, path.name, reference_with(lambda: checkpoint.model(None), blocks), opts.with_past,
+                      opts.dtype, opts.seed, shapes, tolerance_for(opts.dtype, opts.tolerances), status)
 
 
 def _export(model: torch.nn.Module, weights: _Weights, ranges: dict[str, DimRange],

@@ -60,6 +60,9 @@ class ExportOptions:
     matmul_nbits: bool = False
     """Write a quantized matrix read by one ``MatMul`` as ``com.microsoft.MatMulNBits`` (``--genai`` folders, whose
     ONNX Runtime session attnres cannot configure; docs/quantization.md#onnxruntime-genai-folders)."""
+    int8_activations: bool = False
+    """Write each ``MatMulNBits`` with ``accuracy_level`` 4: ONNX Runtime quantizes its activations to int8 per block
+    at run time (onnxruntime-genai's CPU default; docs/quantization.md#int8-activations)."""
 
     @property
     def quantize_bits(self) -> int | None:
@@ -111,6 +114,13 @@ def validate_options(opts: ExportOptions) -> None:
                           f"{', '.join(map(str, QUANTIZE_BLOCK_SIZES))} (the block sizes MatMulNBits takes)")
     if opts.quantize is None and (opts.quantize_embeddings or opts.quantize_block_size != 32):
         raise ExportError("--quantize-block-size and --quantize-embeddings need --quantize int4|int8")
+    if opts.int8_activations and opts.target != "onnxruntime":
+        raise ExportError(f"--int8-activations: the {opts.target} target writes no MatMulNBits to set it on (ONNX "
+                          "Runtime chooses the activations of a DequantizeLinear + MatMul by its session option "
+                          "session.qdq_matmulnbits_accuracy_level); use --target onnxruntime or --genai")
+    if opts.int8_activations and opts.dtype != "float32":
+        raise ExportError(f"--int8-activations: --dtype {opts.dtype}: ONNX Runtime's CPU MatMulNBits quantizes float32 "
+                          "activations to int8; export --dtype float32")
 
 
 def refuse_default_output_of_another_source(opts: ExportOptions) -> None:

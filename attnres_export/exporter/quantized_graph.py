@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import onnx_ir as ir
 import torch
 from onnx_ir.tensor_adapters import from_torch_dtype
 
+from attnres_export.backends.onnxruntime.runner import FLOAT_ACTIVATIONS
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import STORED
@@ -44,6 +45,8 @@ class QuantizedWeights:
     parameters: int
     tensorrt_problems: Counter
     """With the ``tensorrt`` target: why TensorRT would not build some weights' DequantizeLinear, and how many."""
+    matmul_nbits: list[tuple[QuantizedTensor, int]] = field(default_factory=list)
+    """Each weight written as ``MatMulNBits``, with its block size."""
 
 
 class _LastBlocks:
@@ -63,12 +66,14 @@ class _LastBlocks:
         return self.blocks
 
 
-def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool = False) -> QuantizedWeights:
+def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool = False,
+                   accuracy_level: int = FLOAT_ACTIVATIONS) -> QuantizedWeights:
     """Replace, in place, every initializer of ``model`` made from a quantized weight by a ``DequantizeLinear`` of
     its blocks, cast to the export ``dtype`` where the scales are of another type. For the ``tensorrt`` target a
     matrix with one scale per row (and no zero points) is written per channel (a 1-D scale), the form TensorRT
     takes for INT8 and FP8. With ``matmul_nbits``, an integer matrix that only ``MatMul``s read as their weight is
-    written as ``com.microsoft.MatMulNBits`` with float32 activations (``accuracy_level`` 1)."""
+    written as ``com.microsoft.MatMulNBits`` with this ``accuracy_level`` (``FLOAT_ACTIVATIONS`` or
+    ``INT8_ACTIVATIONS``)."""
     cache = _LastBlocks()
     export_type = from_torch_dtype(torch_dtype(dtype))
     done = QuantizedWeights(Counter(), 0, 0, Counter())
@@ -85,7 +90,9 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
         perm = _permutation(nodes, len(weight.shape), value.name)
         if layout.bits == 4 and _gathered(value):
             layout = replace(layout, bits=8)
-        if matmul_nbits and _as_matmul_nbits(model.graph, value, weight, layout, perm, cache, export_type):
+        if matmul_nbits and _as_matmul_nbits(model.graph, value, weight, layout, perm, cache, export_type,
+                                             accuracy_level):
+            done.matmul_nbits.append((weight, layout.block_size))
             done.formats[weight.format] += 1
             done.stored_bytes += weight.stored_nbytes
             done.parameters += math.prod(weight.shape)
@@ -116,12 +123,10 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
     return done
 
 
-MATMUL_NBITS_ACCURACY = 1
-"""``accuracy_level`` 1: float32 activations, so the graph computes the dequantized model it holds."""
 
 
 def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, layout: Layout, perm: list[int],
-                     cache: _LastBlocks, export_type: ir.DataType) -> bool:
+                     cache: _LastBlocks, export_type: ir.DataType, accuracy_level: int) -> bool:
     """Replace each ``MatMul(x, value)`` by ``MatMulNBits(x, B, scales[, zero_points])`` when ``value`` is the
     transposed ``[in, out]`` form of a 2-D integer ``weight`` read by nothing else, and the scales are exact in the
     activations' type (float32, or float16 with float16 scales); False (nothing done) otherwise. ``B`` holds the
@@ -159,7 +164,7 @@ def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, 
         inputs.append(_initializer(graph, f"{base}.zero_points", zero_points, ir.DataType.UINT8,
                                    [rows, -(-blocks * bits // 8)]))
     attributes = [ir.AttrInt64("K", columns), ir.AttrInt64("N", rows), ir.AttrInt64("bits", bits),
-                  ir.AttrInt64("block_size", block), ir.AttrInt64("accuracy_level", MATMUL_NBITS_ACCURACY)]
+                  ir.AttrInt64("block_size", block), ir.AttrInt64("accuracy_level", accuracy_level)]
     for node, _ in uses:
         fused = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], *inputs], attributes=attributes,
                         name=f"{node.name}/MatMulNBits")

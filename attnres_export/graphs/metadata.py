@@ -20,6 +20,10 @@ of ``attnres build``)."""
 QUANTIZE_KEY = "quantize"
 """The export metadata's record of ``--quantize`` (``bits``, ``block_size``, ``embeddings``): ``attnres check``
 quantizes the checkpoint the same way before it compares."""
+INT8_ACTIVATIONS_KEY = "int8_activations"
+"""The export metadata's record of ``--int8-activations``: each weight written as a ``MatMulNBits`` that quantizes
+its activations to int8 (state_dict name -> block size), whose input the check's reference quantizes the same way
+(``parity/int8_activations.py``)."""
 
 
 def export_info(model: onnx.ModelProto) -> dict:

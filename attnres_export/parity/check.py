@@ -18,8 +18,9 @@ from attnres_export.backends.base import Runner
 from attnres_export.dims import DimRange, check_shapes, check_shapes_with_past
 from attnres_export.dtypes import Tolerance
 from attnres_export.errors import ParityError
-from attnres_export.graphs.metadata import QUANTIZE_KEY
+from attnres_export.graphs.metadata import INT8_ACTIVATIONS_KEY, QUANTIZE_KEY
 from attnres_export.parity.feeds import has_past
+from attnres_export.parity.int8_activations import reference_with
 from attnres_export.parity.metrics import tolerance_for
 from attnres_export.parity.report import Report
 from attnres_export.parity.session import CheckSession
@@ -250,7 +251,7 @@ def check_artifacts(checkpoint: Path, onnx: Sequence[Path] = (), engines: Sequen
         refuse_other_model(artifact, weightless, Path(checkpoint))
     del weightless
     run_shapes = choose_shapes(artifacts, shapes, opened.config.max_seq_len)
-    session = CheckSession(lambda: opened.model(None), seed, status)
+    session = CheckSession(reference_with(lambda: opened.model(None), int8_activations_of(artifacts)), seed, status)
     by_feeds = session.references(run_shapes, with_past, [a.dtype for a in artifacts])
     runs = []
     for artifact in artifacts:
@@ -281,6 +282,16 @@ def quantized_as_exported(opened, artifacts: Sequence[Artifact]):
     block = quantize["block_size"]
     return opened.quantized_on_read(int(quantize["bits"]), None if block is None else int(block),
                                     bool(quantize["embeddings"]))
+
+
+def int8_activations_of(artifacts: Sequence[Artifact]) -> dict[str, int] | None:
+    """The weights whose activations ``artifacts`` quantize to int8 (their metadata's ``int8_activations``), which
+    the reference quantizes the same way; refuses artifacts that differ in one line."""
+    settings = {json.dumps(a.recorded.get(INT8_ACTIVATIONS_KEY), sort_keys=True) for a in artifacts}
+    if len(settings) > 1:
+        raise ParityError("the artifacts were exported with and without --int8-activations; check them in separate "
+                          "runs")
+    return artifacts[0].recorded.get(INT8_ACTIVATIONS_KEY) if artifacts else None
 
 
 def weightless_model(config) -> torch.nn.Module:

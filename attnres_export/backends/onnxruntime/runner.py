@@ -39,6 +39,9 @@ with this ``accuracy_level``; its default, 4, quantizes the activations to int8
 FLOAT_ACTIVATIONS = 1
 """``accuracy_level`` 1: float32 activations, so a quantized graph computes the dequantized model it holds."""
 INT8_ACTIVATIONS = 4
+"""``accuracy_level`` 4: ONNX Runtime quantizes the activations to int8 per block at run time (the reference
+emulates it: ``parity/int8_activations.py``)."""
+
 
 class OnnxRuntimeRunner(Runner):
     """ONNX Runtime on the CPU (or another provider).
