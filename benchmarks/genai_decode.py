@@ -4,7 +4,8 @@ makes from the same Hugging Face checkpoint, every folder driven by onnxruntime-
 For each body (Llama- and Qwen3-style, transformers' ``save_pretrained`` at random init, with a small BPE tokenizer
 the builder needs) it makes:
 - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32|fp16 -e cpu``;
-- ``ours``: ``attnres-export HF --with-past --target portable --genai OUT [--dtype float16]`` of the same folder;
+- ``ours``: ``attnres-export HF --with-past --target onnxruntime --genai OUT [--dtype float16]`` of the same folder
+  (``int4``: with ``--quantize int4 --quantize-embeddings --int8-activations``, ``PRECISIONS``);
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
@@ -12,7 +13,7 @@ round running every folder in turn so that load from other processes hits them a
 the rounds; the ratios are ours / builder and attnres / standard. ``--profile`` adds an ONNX Runtime profile of one
 decode per folder and batch: kernel time per decode step by op type (the ops that cost a difference).
 Run from the repository root:
-    python benchmarks/genai_decode.py [--bodies llama,qwen3] [--precisions fp32,fp16] [--batches 1,8]
+    python benchmarks/genai_decode.py [--bodies llama,qwen3] [--precisions fp32,fp16,int4] [--batches 1,8]
         [--prompt 128] [--new 64] [--repeats 3] [--threads N] [--profile] [--json OUT.json]
 """
 
@@ -40,7 +41,11 @@ SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "nu
 """One size for both bodies (grouped-query attention, 2 query heads per key/value head by default)."""
 ATTNRES_BLOCK_LAYERS = 2
 """K3's ``attn_res_block_size`` (decoder layers per block): Block AttnRes with 4 sublayers per block."""
-DTYPES = {"fp32": "float32", "fp16": "float16"}
+PRECISIONS = {"fp32": {"dtype": "float32"}, "fp16": {"dtype": "float16"},
+              "int4": {"dtype": "float32", "quantize": "int4", "quantize_embeddings": True, "int8_activations": True}}
+"""Our export options per builder ``-p``. The builder's int4 on CPU: round-to-nearest blocks of 32, ``MatMulNBits``
+at ``accuracy_level`` 4 (int8 activations), the output head int4; ours: ``--quantize int4 --quantize-embeddings
+--int8-activations`` (the embedding table int4 too)."""
 
 
 @dataclass
@@ -122,8 +127,8 @@ def ours(source: Path, out: Path, precision: str, max_batch: int) -> Path:
     from attnres_export.exporter.genai import export_genai
     from attnres_export.exporter.options import ExportOptions
 
-    opts = ExportOptions(source, target="portable", dtype=DTYPES[precision], with_past=True,
-                         batch=DimRange(1, 1, max_batch))
+    opts = ExportOptions(source, target="portable", with_past=True, batch=DimRange(1, 1, max_batch),
+                         **PRECISIONS[precision])
     result = export_genai(opts, out, ForeignOptions({}, False, False, [], None))
     if result.report is not None and not result.report.ok:
         raise SystemExit(f"{source}: the with-past export missed its parity bar")

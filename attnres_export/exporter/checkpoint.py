@@ -136,16 +136,17 @@ def export_checkpoint(opts: ExportOptions, status: Callable[[str], None] = lambd
     return ExportResult(target, files, fused, fused, report, fused_by_type, quantized, onnxruntime_ops)
 
 
-def int8_activation_blocks(checkpoint: Checkpoint, quantized: QuantizedWeights) -> dict[str, int]:
-    """The state_dict name and block size of each weight ``keep_quantized`` wrote as ``MatMulNBits`` (what the
-    check's reference quantizes the input of); refuses an export that wrote none."""
+def int8_activation_blocks(checkpoint: Checkpoint, quantized: QuantizedWeights) -> dict[str, dict]:
+    """Each weight ``keep_quantized`` wrote as ``MatMulNBits`` by state_dict name (whose ``Linear``'s input the
+    check's reference quantizes): its ``block`` size and its ``packed`` initializer (what finds its node in the
+    graph, parity/rounding.py); refuses an export that wrote none."""
     names = {id(stored): name for name, stored in checkpoint.tensors.items()}
     blocks = {}
-    for weight, block in quantized.matmul_nbits:
+    for weight, block, packed in quantized.matmul_nbits:
         if id(weight) not in names:
             raise ExportError(f"{weight.where}: a MatMulNBits weight is not one of the model's tensors, so the check "
                               "cannot quantize its input (please report this)")
-        blocks[names[id(weight)]] = block
+        blocks[names[id(weight)]] = {"block": block, "packed": packed}
     if not blocks:
         raise ExportError(f"--int8-activations: no weight of {checkpoint.path.name} is written as MatMulNBits (only "
                           "4- and 8-bit integer matrices in blocks of 16 to 256 are; FP8 weights stay "

@@ -45,8 +45,8 @@ class QuantizedWeights:
     parameters: int
     tensorrt_problems: Counter
     """With the ``tensorrt`` target: why TensorRT would not build some weights' DequantizeLinear, and how many."""
-    matmul_nbits: list[tuple[QuantizedTensor, int]] = field(default_factory=list)
-    """Each weight written as ``MatMulNBits``, with its block size."""
+    matmul_nbits: list[tuple[QuantizedTensor, int, str]] = field(default_factory=list)
+    """Each weight written as ``MatMulNBits``: its block size and the name of its packed initializer (``B``)."""
 
 
 class _LastBlocks:
@@ -90,9 +90,9 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
         perm = _permutation(nodes, len(weight.shape), value.name)
         if layout.bits == 4 and _gathered(value):
             layout = replace(layout, bits=8)
-        if matmul_nbits and _as_matmul_nbits(model.graph, value, weight, layout, perm, cache, export_type,
-                                             accuracy_level):
-            done.matmul_nbits.append((weight, layout.block_size))
+        if matmul_nbits and (packed := _as_matmul_nbits(model.graph, value, weight, layout, perm, cache, export_type,
+                                                        accuracy_level)):
+            done.matmul_nbits.append((weight, layout.block_size, packed))
             done.formats[weight.format] += 1
             done.stored_bytes += weight.stored_nbytes
             done.parameters += math.prod(weight.shape)
@@ -126,10 +126,11 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
 
 
 def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, layout: Layout, perm: list[int],
-                     cache: _LastBlocks, export_type: ir.DataType, accuracy_level: int) -> bool:
+                     cache: _LastBlocks, export_type: ir.DataType, accuracy_level: int) -> str | None:
     """Replace each ``MatMul(x, value)`` by ``MatMulNBits(x, B, scales[, zero_points])`` when ``value`` is the
     transposed ``[in, out]`` form of a 2-D integer ``weight`` read by nothing else, and the scales are exact in the
-    activations' type (float32, or float16 with float16 scales); False (nothing done) otherwise. ``B`` holds the
+    activations' type (float32, or float16 with float16 scales), and return ``B``'s name; None (nothing done)
+    otherwise. ``B`` holds the
     values offset to unsigned (``q + 2**(bits-1)``, MatMulNBits' default zero point) ``[out, blocks, block*bits/8]``,
     the first of two 4-bit values in the low nibble; the zero points likewise, packed per row."""
     uses = list(value.uses())
@@ -137,11 +138,11 @@ def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, 
             or any(node.op_type != "MatMul" or node.domain != "" or index != 1 for node, index in uses)
             or export_type not in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
             or (export_type == ir.DataType.FLOAT16 and not layout.float16_scales)):
-        return False
+        return None
     rows, columns = weight.shape
     bits, block = layout.bits, layout.block_size
     if block < 16 or block & (block - 1):
-        return False
+        return None
     blocks = -(-columns // block)
     base = value.name or "quantized"
     scale_dtype = torch.float16 if export_type == ir.DataType.FLOAT16 else torch.float32
@@ -177,7 +178,7 @@ def _as_matmul_nbits(graph: ir.Graph, value: ir.Value, weight: QuantizedTensor, 
         node.graph.remove(node, safe=True)
     graph.initializers.pop(value.name)
     graph.opset_imports.setdefault("com.microsoft", 1)
-    return True
+    return inputs[0].name
 
 
 def _packed_unsigned(values: torch.Tensor, bits: int) -> torch.Tensor:

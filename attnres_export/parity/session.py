@@ -30,6 +30,7 @@ from attnres_export.dtypes import HALF_PRECISION, Tolerance
 from attnres_export.models.routing import traced_routing
 from attnres_export.parity.feeds import Subject, checkpoint_subject
 from attnres_export.parity.report import Report, run_checks, run_reference
+from attnres_export.parity.rounding import with_artifact_rounding
 from attnres_export.parity.routing import with_artifact_routing
 from attnres_export.parity.types import ArtifactRun, Feeds, References, Shape, Status
 
@@ -46,12 +47,15 @@ class CheckSession:
         self.reference_model = reference_model
         self.seed = seed
         self.status = status
+        self.with_past = False
+        """Whether the references (and so the artifacts) are of the with-past graph: set by ``references``."""
 
     def references(self, shapes: Sequence[Shape], with_past: bool, dtypes: Sequence[str]) -> dict[str | None,
                                                                                                   References]:
         """Step 1, for artifacts of ``dtypes``: the references of a plain graph under the key None; of a with-past
         graph, one per dtype (its past is fed in that dtype). The model is asked for once and released (with a full
         collection) before this returns."""
+        self.with_past = with_past
         model = self.reference_model()
         by_feeds: dict[str | None, References] = {}
         for dtype in dtypes:
@@ -73,6 +77,8 @@ class CheckSession:
                 path, name = run.routing
                 report = with_artifact_routing(report, path, name, run.references, self.reference_model,
                                                run.tolerance, self.status)
+                report = with_artifact_rounding(report, path, name, run.references, self.reference_model,
+                                                run.tolerance, self.with_past, self.status)
         return report
 
 

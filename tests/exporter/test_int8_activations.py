@@ -5,6 +5,7 @@ option's one-line refusals."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx
@@ -39,9 +40,10 @@ def test_int8_activations_write_accuracy_level_4_and_pass_against_the_reference_
     result = invoke("export", llama_folder, "--target", "onnxruntime", "-o", out, "--quantize", "int4",
                     "--int8-activations")
     assert result.exit_code == 0, result.output
+    assert "onnxruntime+artifact-rounding" in result.output
     assert matmul_nbits_levels(out) == [4] * PROJECTIONS
     blocks = export_info(onnx.load(str(out), load_external_data=False))[INT8_ACTIVATIONS_KEY]
-    assert len(blocks) == PROJECTIONS and set(blocks.values()) == {32}
+    assert len(blocks) == PROJECTIONS and {entry["block"] for entry in blocks.values()} == {32}
     assert "model.layers.2.mlp.down_proj.weight" in blocks
 
     checked = invoke("check", llama_folder, "--onnx", out)
@@ -102,3 +104,16 @@ def test_latent_attention_with_past_passes_with_int8_activations_its_kv_b_projec
     assert result.exit_code == 0, result.output
     blocks = export_info(onnx.load(str(out), load_external_data=False))[INT8_ACTIVATIONS_KEY]
     assert len(blocks) == PROJECTIONS and not [name for name in blocks if "kv_b_proj" in name]
+
+
+@pytest.mark.slow
+def test_a_deeper_model_whose_activations_round_at_ties_passes_with_only_those_roundings_taken_from_the_graph(
+        tmp_path):
+    folder = write_folder(hf_model("llama", 8, hidden_size=256, intermediate_size=512), tmp_path / "llama8")
+    out, report = tmp_path / "a8.onnx", tmp_path / "report.json"
+    result = invoke("export", folder, "--target", "onnxruntime", "-o", out, "--quantize", "int4",
+                    "--quantize-embeddings", "--int8-activations", "--report", report)
+    assert result.exit_code == 0, result.output
+    roundings = json.loads(report.read_text())["rounding_aware"]["roundings"]
+    assert sum(shape["taken_at_ties"] for shape in roundings) > 0
+    assert all(shape["differ_without_tie"] == 0 for shape in roundings)

@@ -11,7 +11,12 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from attnres_export.errors import ParityError
-from attnres_export.parity.int8_activations import int8_blocks, with_int8_activations
+from attnres_export.parity.int8_activations import (
+    INT8_MAX,
+    forced_roundings,
+    int8_blocks,
+    with_int8_activations,
+)
 
 
 def matmul_nbits_session(weight_values: np.ndarray, scales: np.ndarray, bits: int, block: int,
@@ -101,10 +106,50 @@ def test_with_int8_activations_quantizes_only_the_named_linears_inputs():
     model = TwoLinears().double()
     x = torch.randn(3, 64, dtype=torch.float64)
     expected = model.second(model.first(int8_blocks(x, 32))) * model.scale
-    with_int8_activations(model, {"first.weight": 32})
+    with_int8_activations(model, {"first.weight": {"block": 32, "packed": "first.B"}})
     assert torch.equal(model(x), expected)
 
 
 def test_with_int8_activations_refuses_a_weight_that_no_linear_owns():
     with pytest.raises(ParityError, match="scale: written as MatMulNBits with int8 activations, but it is not"):
-        with_int8_activations(TwoLinears(), {"scale": 32})
+        with_int8_activations(TwoLinears(), {"scale": {"block": 32, "packed": "scale.B"}})
+
+
+def test_ties_round_half_to_even_after_multiplying_by_127_over_the_block_maximum_as_onnxruntime_does():
+    """An identity int4 weight (scale 1) makes ``MatMulNBits``' output its own int8 activations times their scale,
+    so ONNX Runtime's roundings can be read exactly; the inputs sit at half steps, where ``a / scale`` and
+    ``a * (127 / max|a|)`` round differently."""
+    rng = np.random.default_rng(3)
+    columns = 32
+    session = matmul_nbits_session(np.eye(columns, dtype=np.int64), np.ones((columns, 1), np.float32), 4, 32, 4)
+    amax = (rng.random((4000, 1)) + 0.5).astype(np.float32)
+    ties = ((rng.integers(-120, 120, size=(4000, columns)) + 0.5) * amax / np.float32(INT8_MAX)).astype(np.float32)
+    ties[:, 0] = amax[:, 0]
+    scale = np.abs(ties).max(1, keepdims=True) / np.float32(INT8_MAX)
+    onnxruntime = np.rint(session.run(None, {"A": ties})[0] / scale)
+    ours = np.rint(int8_blocks(torch.from_numpy(ties), 32).numpy() / scale)
+    assert np.array_equal(ours, onnxruntime)
+
+
+def test_forced_roundings_take_the_artifacts_value_only_at_a_tie_and_count_what_differs():
+    torch.manual_seed(0)
+    model = TwoLinears().double()
+    with_int8_activations(model, {"first.weight": {"block": 32, "packed": "first.B"}})
+    x = torch.randn(1, 64, dtype=torch.float64) * 0.1
+    x[0, 0] = 1.0  # the first block's maximum: one step is 1/127
+    x[0, 1] = 10.5 / INT8_MAX + 1e-9  # a tie, just above the half step
+    x[0, 2] = 20.2 / INT8_MAX  # far from any half step
+    artifact = x.numpy().astype(np.float32).copy()
+    artifact[0, 1] = np.float32(10.4999 / INT8_MAX)  # the artifact rounds the tie down
+    artifact[0, 2] = np.float32(20.7 / INT8_MAX)  # and this one up: no tie, a real difference
+    seen = {}
+
+    def keep_input(_module: nn.Module, args: tuple, _output: torch.Tensor) -> None:
+        seen["input"] = args[0]
+
+    model.first.register_forward_hook(keep_input)
+    with forced_roundings({"first.weight": artifact}, tie_steps=1e-3) as roundings:
+        model(x)
+    assert (roundings.values, roundings.adopted, roundings.disagreements) == (64, 1, 1)
+    steps = seen["input"][0, :3] * INT8_MAX
+    assert torch.allclose(steps, torch.tensor([127.0, 10.0, 20.0], dtype=torch.float64))
