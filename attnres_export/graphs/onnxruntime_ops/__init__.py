@@ -10,6 +10,7 @@ onnxruntime-genai run without a custom-op library.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     ops.nodes["MoE"] = experts.rewritten
     ops.kept += experts.kept
     ops.reordered += experts.reordered
+    rotary_embeddings(model, _max_positions(model), data_dir=data_dir)  # before attention, which moves it
     layers = _cached_attention_layers(model)
     ops.attention_layers = len(layers)
     plain = not any(v.name.startswith(PAST_PREFIX) for v in model.graph.input)
@@ -98,11 +100,12 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     if latent:
         ops.kept.append(f"attention: {len(latent)} latent-attention layer(s) stay in standard ops "
                         "(GroupQueryAttention reads cached keys and values, these layers cache a compressed latent)")
-    ops.nodes["RotaryEmbedding"] = rotary_embeddings(model, _max_positions(model), data_dir=data_dir)
     ops.nodes["SimplifiedLayerNormalization"] = simplified_layer_norms(model)
     ops.nodes["SkipSimplifiedLayerNormalization"] = skip_layer_norms(model)
     ops.nodes["SimplifiedLayerNormalization"] -= ops.nodes["SkipSimplifiedLayerNormalization"]
-    ops.nodes["MatMulNBits"] = sum(n.op_type == "MatMulNBits" and n.domain == MS_DOMAIN for n in all_nodes(model.graph))
+    written = collections.Counter(n.op_type for n in all_nodes(model.graph) if n.domain == MS_DOMAIN)
+    ops.nodes["RotaryEmbedding"] = written["RotaryEmbedding"]  # those GroupQueryAttention does not rotate inside
+    ops.nodes["MatMulNBits"] = written["MatMulNBits"]
     ops.nodes = {op: count for op, count in ops.nodes.items() if count}
     set_metadata(model, ONNX_RUNTIME_OPS_KEY, ops.to_json())
     return ops

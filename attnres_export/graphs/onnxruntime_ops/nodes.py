@@ -46,6 +46,17 @@ def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return found
 
 
+def declared_shapes(graph: onnx.GraphProto) -> dict[str, list]:
+    """Declared shapes by value name: each dimension an int, a symbol, or None when unknown."""
+    shapes = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                                  for d in tensor.shape.dim]
+    return shapes
+
+
 def reads(node: onnx.NodeProto) -> list[str]:
     """The values ``node`` reads: its inputs, and what the graphs of its attributes (an If's branches, a Loop's
     body) read from the enclosing graph."""

@@ -26,6 +26,11 @@ table gathered by position) is what the op reads. An application is rewritten on
 Anything else (partial rotary written around the op's ``rotary_embedding_dim``, interleaved pairs, halves that
 differ, cos/sin reading another input, a position beyond a stored table) is left as it is. Position ids at or
 beyond ``max_positions`` are outside the tables: the caller sizes them to the export's largest past + seq.
+
+The node is written on the heads-first form it matched; the attention rewrite that runs after it
+(``attention.py:_Flat``) writes it again on the packed ``[batch, seq, heads * head]`` projection that
+GroupQueryAttention reads (the op takes both forms, its head size from the tables), or moves it into
+GroupQueryAttention (``do_rotary``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from attnres_export.graphs.onnxruntime_ops.nodes import (
     attr,
     constant_tensor,
     constant_value,
+    declared_shapes,
     drop_dead_nodes,
     import_microsoft_domain,
     reads,
@@ -81,7 +87,7 @@ def rotary_embeddings(model: onnx.ModelProto, max_positions: int, run: Run | Non
         raise ValueError(f"max_positions must be at least 1, got {max_positions}")
     graph = model.graph
     nodes = Nodes(graph)
-    shapes = _shapes(graph)
+    shapes = declared_shapes(graph)
     tables: dict[tuple[str, str], tuple[str, str] | None] = {}
     names: dict[bytes, tuple[str, str]] = {}
     position_inputs: dict[str, str] = {}
@@ -183,17 +189,6 @@ def _laid_out(shapes: dict[str, list], x: str, half: int, position: str | None) 
     if half == -1:  # an even Split: the halves come from D
         half = dims[3] // 2 if dims[3] % 2 == 0 else 0
     return half > 0 and dims[3] == 2 * half and None not in (dims[0], dims[2]) and [dims[0], dims[2]] == ids
-
-
-def _shapes(graph: onnx.GraphProto) -> dict[str, list]:
-    """Declared shapes by value name: each dimension an int, a symbol, or None when unknown."""
-    shapes = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        tensor = value.type.tensor_type
-        if tensor.HasField("shape"):
-            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param or None
-                                  for d in tensor.shape.dim]
-    return shapes
 
 
 def _ancestry(graph: onnx.GraphProto, nodes: Nodes, outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
