@@ -72,7 +72,8 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     decompose(model)
     ops.nodes["CausalConvWithState"] = causal_convolutions(model)
     experts = mixture_of_experts(model, data_dir)
-    ops.nodes["MoE"] = experts.rewritten
+    ops.nodes["MoE"] = experts.rewritten - experts.quantized
+    ops.nodes["QMoE"] = experts.quantized
     ops.kept += experts.kept
     ops.reordered += experts.reordered
     rotary_embeddings(model, _max_positions(model), data_dir=data_dir)  # before attention, which moves it

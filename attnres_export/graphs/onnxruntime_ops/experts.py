@@ -25,9 +25,11 @@ op's CPU SwiGLU is ``G * sigmoid(alpha * G) * (L + beta)`` on interleaved ``[g0,
 it) and sets ``alpha=1``,
 ``beta=0`` and no limit: ``silu(g) * l``.
 
-Kept in standard ops, one line per kind in ``ExpertsRewrite.kept``: experts whose activation is not ``silu(gate) *
-up`` (Kimi K3's SiTU), quantized experts (their stacks come through ``DequantizeLinear``; ``QMoE`` is later work),
-a model type the CPU kernel does not take (bfloat16), and a gather branch written another way.
+Quantized experts (the gather branch dequantizes the gathered blocks before the MatMuls) become ``QMoE`` the same
+way, their stacks rewritten in its layout by qmoe.py. Kept in standard ops, one line per kind in
+``ExpertsRewrite.kept``: experts whose activation is not ``silu(gate) * up`` (Kimi K3's SiTU), quantized experts
+``QMoE`` does not compute exactly (qmoe.py), a model type the CPU kernel does not take (bfloat16), and a gather
+branch written another way.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from onnx import helper as oh
 from onnx import numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+from attnres_export.graphs.onnxruntime_ops import qmoe
 from attnres_export.graphs.onnxruntime_ops.nodes import (
     MS_DOMAIN,
     Nodes,
@@ -65,13 +68,15 @@ _QUIET = ("Reshape", "Unsqueeze", "Squeeze")
 @dataclass
 class ExpertsRewrite:
     rewritten: int
-    """Experts ``If`` nodes now computed by one ``MoE`` node each."""
+    """Experts ``If`` nodes now computed by one ``MoE`` or ``QMoE`` node each."""
     of: int
     """Experts ``If`` nodes in the model."""
     kept: list[str] = field(default_factory=list)
     """One line per kind of experts left in standard ops, with the reason."""
     reordered: list[str] = field(default_factory=list)
     """Initializers whose rows were reordered in place: they no longer hold the state_dict tensor of their name."""
+    quantized: int = 0
+    """How many of ``rewritten`` are ``QMoE`` nodes (quantized experts)."""
 
 
 @dataclass
@@ -87,6 +92,8 @@ class _Experts:
     gate_first: bool
     top_k: int
     dtype: int
+    quantized: qmoe.Quantized | None = None
+    """The stacks' quantization, for ``QMoE``; None: float stacks, for ``MoE``."""
 
 
 def mixture_of_experts(model: onnx.ModelProto, data_dir: Path | None = None) -> ExpertsRewrite:
@@ -116,7 +123,8 @@ def mixture_of_experts(model: onnx.ModelProto, data_dir: Path | None = None) -> 
         drop_dead_nodes(graph)
         import_microsoft_domain(model)
     lines = [f"experts: {count} of {found} layers {reason}" for reason, count in kept.items()]
-    return ExpertsRewrite(len(matched), found, lines, reordered)
+    quantized = sum(experts.quantized is not None for experts in matched)
+    return ExpertsRewrite(len(matched), found, lines, reordered, quantized)
 
 
 def _stacked_pair(node: onnx.NodeProto, rank3: dict[str, onnx.TensorProto]) -> tuple[str, str] | None:
@@ -134,41 +142,61 @@ def _match(graph: onnx.GraphProto, nodes: Nodes, node: onnx.NodeProto, pair: tup
            rank3: dict[str, onnx.TensorProto], data_dir: Path | None) -> _Experts | str:
     """The experts of ``node``, or the reason (without the layer's name) they stay in standard ops."""
     gate_up, down = pair
-    if any(rank3[name].data_type not in MOE_TYPES for name in pair):
-        quantized = any(n.op_type == "DequantizeLinear" for sub in _branches(node) for n in all_nodes(sub))
-        if quantized:
-            return ("have quantized weights (DequantizeLinear of int stacks) and stay in standard ops: "
-                    "com.microsoft.QMoE is not written yet")
-        return (f"store their weights as {onnx.TensorProto.DataType.Name(rank3[gate_up].data_type)}, which ONNX "
-                "Runtime's CPU MoE kernel does not take (float32, float16)")
-    if data_dir is None and any(uses_external_data(rank3[name]) for name in pair):
-        return "keep their weights in external data (load the model with its data to rewrite them)"
-    if uses_external_data(rank3[gate_up]) and [r.op_type for r in nodes.consumers.get(gate_up, [])] != ["If"]:
-        return "share their gate/up stack with other nodes, so it cannot be reordered for MoE in place"
+    quantized = any(n.op_type == "DequantizeLinear" for sub in _branches(node) for n in all_nodes(sub))
+    if not quantized:
+        problem = _float_stacks_problem(nodes, rank3, gate_up, down, data_dir)
+        if problem is not None:
+            return problem
     reasons = []
     for sub in _branches(node):
         result = _match_gather_branch(graph, nodes, sub, gate_up, down)
-        if not isinstance(result, str):
-            x2, indices, weights, gate_first = result
-            top_k = _top_k(graph, nodes, indices)
-            if top_k is None:
-                return "route through indices whose top-k count is not a constant, so MoE's k is unknown"
+        if isinstance(result, str):
+            reasons.append(result)
+            continue
+        x2, indices, weights, gate_first, stacks = result
+        top_k = _top_k(graph, nodes, indices)
+        if top_k is None:
+            return "route through indices whose top-k count is not a constant, so MoE's k is unknown"
+        if not quantized:
             dtype = rank3[gate_up].data_type
             if not _output_in(sub, dtype):
                 return "write an output of another type than their weights'"
             return _Experts(node, x2, indices, weights, gate_up, down, gate_first, top_k, dtype)
-        reasons.append(result)
+        if stacks is None:
+            return "have quantized weights that their gather branch does not read as Gather -> DequantizeLinear"
+        if not _output_in(sub, onnx.TensorProto.FLOAT):
+            return ("have quantized weights in a float16 or bfloat16 model: QMoE is written for float32 models, "
+                    "whose float32 activations the parity check holds it to")
+        plan = qmoe.plan(graph, nodes, *stacks, data_dir)
+        if isinstance(plan, str):
+            return plan
+        return _Experts(node, x2, indices, weights, gate_up, down, gate_first, top_k, onnx.TensorProto.FLOAT, plan)
     return next((r for r in reasons if r), "have no gather branch of the expected pattern (docs/onnxruntime-target.md"
                                            "#experts) and stay in standard ops")
+
+
+def _float_stacks_problem(nodes: Nodes, rank3: dict[str, onnx.TensorProto], gate_up: str, down: str,
+                          data_dir: Path | None) -> str | None:
+    """Why float stacks cannot be read by ``MoE`` (their type) or reordered for it in place; None when they can."""
+    if any(rank3[name].data_type not in MOE_TYPES for name in (gate_up, down)):
+        return (f"store their weights as {onnx.TensorProto.DataType.Name(rank3[gate_up].data_type)}, which ONNX "
+                "Runtime's CPU MoE kernel does not take (float32, float16)")
+    if data_dir is None and any(uses_external_data(rank3[name]) for name in (gate_up, down)):
+        return "keep their weights in external data (load the model with its data to rewrite them)"
+    if uses_external_data(rank3[gate_up]) and [r.op_type for r in nodes.consumers.get(gate_up, [])] != ["If"]:
+        return "share their gate/up stack with other nodes, so it cannot be reordered for MoE in place"
+    return None
 
 
 def _branches(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
 
 
-def _match_gather_branch(graph: onnx.GraphProto, outer: Nodes, sub: onnx.GraphProto, gate_up: str,
-                         down: str) -> tuple[str, str, str, bool] | str:
-    """``(x2, indices, weights, gate first)`` of a gather branch; a reason ("" for a branch of another form)."""
+def _match_gather_branch(graph: onnx.GraphProto, outer: Nodes, sub: onnx.GraphProto, gate_up: str, down: str
+                         ) -> tuple[str, str, str, bool, tuple[qmoe.Stack, qmoe.Stack] | None] | str:
+    """``(x2, indices, weights, gate first, the quantized (gate_up, down) stacks or None)`` of a gather branch; a
+    reason ("" for a branch of another form). A quantized branch dequantizes what it gathers before the
+    MatMuls."""
     nodes = Nodes(sub)
     gathers = {name: [n for n in sub.node if n.op_type == "Gather" and n.input[0] == name and attr(n, "axis", 0) == 0]
                for name in (gate_up, down)}
@@ -178,10 +206,16 @@ def _match_gather_branch(graph: onnx.GraphProto, outer: Nodes, sub: onnx.GraphPr
     indices = _outer_source(nodes, up_gather.input[1])
     if indices is None or _outer_source(nodes, down_gather.input[1]) != indices:
         return ""
-    up_mm = _follow(nodes, up_gather.output[0], "MatMul")
-    down_mm = _follow(nodes, down_gather.output[0], "MatMul")
-    if up_mm is None or down_mm is None or _source(nodes, up_mm.input[0]) != up_gather.output[0] \
-            or _source(nodes, down_mm.input[0]) != down_gather.output[0]:
+    dequantized = [qmoe.dequantized_gather(sub, nodes, g) for g in (up_gather, down_gather)]
+    if (dequantized[0] is None) != (dequantized[1] is None):
+        return ""
+    stacks = None if dequantized[0] is None else (dequantized[0][1], dequantized[1][1])
+    up_weight, down_weight = ((up_gather.output[0], down_gather.output[0]) if stacks is None
+                              else (dequantized[0][0], dequantized[1][0]))
+    up_mm = _follow(nodes, up_weight, "MatMul")
+    down_mm = _follow(nodes, down_weight, "MatMul")
+    if up_mm is None or down_mm is None or _source(nodes, up_mm.input[0]) != up_weight \
+            or _source(nodes, down_mm.input[0]) != down_weight:
         return ""
     x2 = _outer_source(nodes, up_mm.input[1])
     split = _follow(nodes, up_mm.output[0], "Split")
@@ -200,7 +234,7 @@ def _match_gather_branch(graph: onnx.GraphProto, outer: Nodes, sub: onnx.GraphPr
     weights = _outer_source(nodes, other)
     if weights is None or not _sums_experts(graph, outer, nodes, sub, weighted):
         return ""
-    return x2, indices, weights, gate_first
+    return x2, indices, weights, gate_first, stacks
 
 
 def _swiglu(nodes: Nodes, split: onnx.NodeProto, hidden: str) -> bool | None:
@@ -302,11 +336,18 @@ def _top_k(graph: onnx.GraphProto, nodes: Nodes, indices: str) -> int | None:
 
 def _replace(graph: onnx.GraphProto, nodes: Nodes, experts: _Experts, interleaved: dict[str, str],
              data_dir: Path | None, reordered: list[str]) -> None:
-    """Append the routing-probability construction, the MoE node and the rescale writing the If's output;
+    """Append the routing-probability construction, the MoE (QMoE) node and the rescale writing the If's output;
     remove the If."""
-    if experts.gate_up not in interleaved:
-        interleaved[experts.gate_up] = _interleaved(graph, nodes, experts.gate_up, experts.gate_first, data_dir,
-                                                    reordered)
+    if experts.quantized is not None:
+        op, attributes = "QMoE", qmoe.attributes(experts.quantized)
+        weights = qmoe.write(graph, experts.quantized, experts.gate_first, data_dir)
+        reordered += [n for n in (experts.quantized.gate_up.values, experts.quantized.gate_up.scales,
+                                  experts.quantized.gate_up.zero_points) if n]
+    else:
+        if experts.gate_up not in interleaved:
+            interleaved[experts.gate_up] = _interleaved(graph, nodes, experts.gate_up, experts.gate_first, data_dir,
+                                                        reordered)
+        op, attributes, weights = "MoE", {}, [interleaved[experts.gate_up], "", experts.down]
     stacks = {i.name: i for i in graph.initializer}
     count = stacks[experts.down].dims[0]
     f32, model = onnx.TensorProto.FLOAT, experts.dtype
@@ -334,9 +375,9 @@ def _replace(graph: onnx.GraphProto, nodes: Nodes, experts: _Experts, interleave
         probs = f"{p}/probs"
     moe_out = f"{p}/out"
     new.append(oh.make_node(
-        "MoE", [experts.x2, probs, interleaved[experts.gate_up], "", experts.down], [moe_out], name=f"{p}/MoE",
-        domain=MS_DOMAIN, k=experts.top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-        activation_beta=0.0, normalize_routing_weights=1, use_sparse_mixer=0))
+        op, [experts.x2, probs, *weights], [moe_out], name=f"{p}/{op}", domain=MS_DOMAIN, k=experts.top_k,
+        activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
+        normalize_routing_weights=1, use_sparse_mixer=0, **attributes))
     result = experts.node.output[0]
     if model == f32:
         new.append(oh.make_node("Mul", [moe_out, f"{p}/sum"], [result]))

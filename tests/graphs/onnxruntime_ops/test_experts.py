@@ -2,7 +2,8 @@
 one ``MoE`` node, and the rewritten graph, on plain ONNX Runtime, computes what transformers computes (the MoE block
 of tests/models/decoder/test_moe.py, and whole tiny folders, plain and with past, at one token and an odd batch of
 odd length); routing weights that are zero, equal or all zero pass through the routing-probability construction
-exactly; experts the op cannot compute (Kimi K3's SiTU activation, quantized stacks) stay as they were and say why."""
+exactly; experts the op cannot compute (Kimi K3's SiTU activation) stay as they were and say why (quantized experts:
+test_qmoe.py)."""
 
 from __future__ import annotations
 
@@ -162,12 +163,14 @@ FOLDERS = {"qwen3_moe": (_qwen3_moe_folder, 2), "deepseek_v3": (_deepseek_v3_fol
 """Folder builder and MoE layer count."""
 
 
-def _export(folder: Path, out: Path, *, with_past: bool, quantize: str | None = None) -> onnx.ModelProto:
+def _export(folder: Path, out: Path, *, with_past: bool, quantize: str | None = None, block: int = 32
+            ) -> onnx.ModelProto:
     from attnres_export.exporter.checkpoint import export_checkpoint
     from attnres_export.exporter.options import ExportOptions
 
     export_checkpoint(ExportOptions(folder, out, target="portable", with_past=with_past, seq=DimRange(1, 8, 32),
-                                    past=DimRange(0, 8, 31) if with_past else None, check=False, quantize=quantize))
+                                    past=DimRange(0, 8, 31) if with_past else None, check=False, quantize=quantize,
+                                    quantize_block_size=block))
     return onnx.load(str(out))
 
 
@@ -207,16 +210,3 @@ def test_rewritten_folder_exports_give_transformers_logits(tmp_path, family, wit
         ids = torch.randint(0, reference.config.vocab_size, (batch, seq), generator=g)
         got = torch.from_numpy(session.run(["logits"], _feeds(session, ids))[0])
         assert relative_l2(got, reference(ids).logits) <= LOGITS_BAR, (batch, seq)
-
-
-@pytest.mark.slow
-@torch.inference_mode()
-def test_quantized_experts_stay_in_standard_ops_and_say_why(tmp_path):
-    _, folder = _qwen3_moe_folder(tmp_path / "qwen3_moe")
-    model = _export(folder, tmp_path / "model.onnx", with_past=False, quantize="int4")
-    before = model.SerializeToString()
-    rewrite = mixture_of_experts(model)
-    assert (rewrite.rewritten, rewrite.of) == (0, 2)
-    assert rewrite.kept == ["experts: 2 of 2 layers have quantized weights (DequantizeLinear of int stacks) and stay "
-                            "in standard ops: com.microsoft.QMoE is not written yet"]
-    assert model.SerializeToString() == before
