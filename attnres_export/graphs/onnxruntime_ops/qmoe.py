@@ -1,6 +1,6 @@
-"""Routed experts with integer-quantized weights as ONNX Runtime's ``QMoE`` (docs/onnxruntime-target.md#quantized-
-experts-qmoe): the part of the experts rewrite (experts.py) that reads the quantized stacks and writes them in
-``QMoE``'s layout.
+"""Routed experts with integer-quantized weights as ONNX Runtime's ``QMoE``
+(docs/onnxruntime-target.md#quantized-experts-qmoe): the part of the experts rewrite (experts.py) that reads the
+quantized stacks and writes them in ``QMoE``'s layout.
 
 A quantized export's gather branch reads each expert stack as ``Gather`` of its INT8 values, of its float32 scales
 ``[E, N, ceil(K / block)]`` and, when asymmetric, of its INT8 zero points, then a blocked ``DequantizeLinear`` along
