@@ -27,6 +27,7 @@ from attnres_export.errors import ExportError
 from attnres_export.exporter.graph_proto import serialize_assembled
 from attnres_export.graphs.external_save import ALIGNMENT
 from attnres_export.graphs.onnx_utils import fits_in_one_file
+from attnres_export.graphs.protobuf_wire import length_delimited_tag, varint
 from attnres_export.graphs.save import check_written
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.models.threads import single_threaded
@@ -161,9 +162,9 @@ def _write_framed(model: ir.Model, data: Path) -> None:
             tensor = value.const_value
             length = tensor.nbytes
             meta = onnx.TensorProto(name=value.name, data_type=tensor.dtype.value, dims=tensor.shape.numpy())
-            head = meta.SerializeToString() + _RAW_DATA_TAG + _varint(length)
-            initializer = _INITIALIZER_TAG + _varint(len(head) + length) + head
-            sink.write(_GRAPH_TAG + _varint(len(initializer) + length) + initializer)
+            head = meta.SerializeToString() + _RAW_DATA_TAG + varint(length)
+            initializer = _INITIALIZER_TAG + varint(len(head) + length) + head
+            sink.write(_GRAPH_TAG + varint(len(initializer) + length) + initializer)
             offset = sink.tell()
             if isinstance(tensor, ComputedTensor):
                 sink.write(scratch.holding(tensor.compute()))
@@ -188,20 +189,6 @@ def _append_graph(graph: onnx.ModelProto, data: Path) -> None:
         sink.write(graph.SerializeToString())
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _tag(field: int) -> bytes:
-    """The key of a length-delimited field (wire type 2)."""
-    return _varint(field << 3 | 2)
-
-
-_GRAPH_TAG = _tag(onnx.ModelProto.GRAPH_FIELD_NUMBER)
-_INITIALIZER_TAG = _tag(onnx.GraphProto.INITIALIZER_FIELD_NUMBER)
-_RAW_DATA_TAG = _tag(onnx.TensorProto.RAW_DATA_FIELD_NUMBER)
+_GRAPH_TAG = length_delimited_tag(onnx.ModelProto.GRAPH_FIELD_NUMBER)
+_INITIALIZER_TAG = length_delimited_tag(onnx.GraphProto.INITIALIZER_FIELD_NUMBER)
+_RAW_DATA_TAG = length_delimited_tag(onnx.TensorProto.RAW_DATA_FIELD_NUMBER)

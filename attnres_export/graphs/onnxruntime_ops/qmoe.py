@@ -30,6 +30,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from attnres_export.graphs.onnxruntime_ops.nodes import Nodes, attr
+from attnres_export.graphs.protobuf_wire import length_delimited_tag, varint
 
 MIN_BLOCK = 16
 """``QMoE``'s smallest block (a power of two)."""
@@ -237,31 +238,19 @@ def store(tensor: onnx.TensorProto, array: np.ndarray, data_dir: Path | None) ->
         tensor.external_data.add(key=key, value=value)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _tag(field: int) -> bytes:
-    """The key of a length-delimited field (wire type 2)."""
-    return _varint(field << 3 | 2)
-
-
-_GRAPH, _INITIALIZER = _tag(onnx.ModelProto.GRAPH_FIELD_NUMBER), _tag(onnx.GraphProto.INITIALIZER_FIELD_NUMBER)
-_RAW_DATA, _DOC = _tag(onnx.TensorProto.RAW_DATA_FIELD_NUMBER), _tag(onnx.TensorProto.DOC_STRING_FIELD_NUMBER)
+_GRAPH = length_delimited_tag(onnx.ModelProto.GRAPH_FIELD_NUMBER)
+_INITIALIZER = length_delimited_tag(onnx.GraphProto.INITIALIZER_FIELD_NUMBER)
+_RAW_DATA = length_delimited_tag(onnx.TensorProto.RAW_DATA_FIELD_NUMBER)
+_DOC = length_delimited_tag(onnx.TensorProto.DOC_STRING_FIELD_NUMBER)
 
 
 def _head(name: str, data_type: int, dims: list[int], fill: bytes, length: int) -> bytes:
     """``graph { initializer { name, data_type, dims, fill, raw_data } }`` up to the raw bytes (``length`` of
     them)."""
     tensor = onnx.TensorProto(name=name, data_type=data_type, dims=dims).SerializeToString() + fill
-    tensor += _RAW_DATA + _varint(length)
-    initializer = _INITIALIZER + _varint(len(tensor) + length) + tensor
-    return _GRAPH + _varint(len(initializer) + length) + initializer
+    tensor += _RAW_DATA + varint(length)
+    initializer = _INITIALIZER + varint(len(tensor) + length) + tensor
+    return _GRAPH + varint(len(initializer) + length) + initializer
 
 
 def _frame(name: str, data_type: int, dims: list[int], length: int) -> bytes:
@@ -283,12 +272,12 @@ def _reframed(name: str, data_type: int, dims: list[int], data: bytes, size: int
 def _fill(size: int) -> bytes | None:
     """``size`` bytes of ``doc_string`` fields, the last one empty when there is room (a parser keeps the last, so
     the zeros before it are dropped); None when no such fields make ``size``."""
-    empty = _DOC + _varint(0)
+    empty = _DOC + varint(0)
     for empties in (1, 2, 0):
         rest = size - len(empty) * empties
         if rest == 0:
             return empty * empties
         for count in range(max(rest - 12, 0), rest):
-            if len(_DOC) + len(_varint(count)) + count == rest:
-                return _DOC + _varint(count) + bytes(count) + empty * empties
+            if len(_DOC) + len(varint(count)) + count == rest:
+                return _DOC + varint(count) + bytes(count) + empty * empties
     return None
