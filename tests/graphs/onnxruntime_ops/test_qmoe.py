@@ -20,6 +20,8 @@ from attnres_export.graphs.onnxruntime_ops.qmoe import _frame, _reframed
 from tests.conftest import slow_after
 from tests.graphs.onnxruntime_ops.test_experts import _export, _feeds, _qwen3_moe_folder, _session
 from tests.models.decoder.hf_bodies import hf_model, write_folder
+from tests.models.kimi.lm_reference import folder_of as kimi_folder_of
+from tests.models.kimi.lm_reference import hf_model as kimi_hf_model
 
 EXACT = 2e-6
 """Relative L2 of a float32 computation of the same dequantized weights against float64 (measured up to 6e-7)."""
@@ -141,12 +143,20 @@ def _qwen3_moe_wide_folder(path: Path):
     return reference, write_folder(reference, path)
 
 
+def _kimi_linear_k3_folder(path: Path):
+    """Kimi Linear (sigmoid routing with correction bias over 2 groups, a shared expert, KDA and latent attention)
+    with K3's Attention Residuals, block of 2 layers; hidden 32, experts 16 wide: blocks of 16 divide both."""
+    reference = kimi_hf_model(3)
+    return reference, kimi_folder_of(reference, path, attn_res_block_size=2)[0]
+
+
 FOLDERS = {"qwen3_moe": _qwen3_moe_folder, "qwen3_moe_wide": _qwen3_moe_wide_folder,
-           "deepseek_v3": _deepseek_v3_folder}
+           "deepseek_v3": _deepseek_v3_folder, "kimi_linear_k3": _kimi_linear_k3_folder}
 CASES = [  # folder, --quantize, block, with past, QMoE layers of 2 (else 0 and the kept line's words)
     ("qwen3_moe_wide", "int4", 32, False, 2, ""),
     ("qwen3_moe_wide", "int4", 16, True, 2, ""),
     ("deepseek_v3", "int4", 32, True, 1, ""),
+    ("kimi_linear_k3", "int4", 16, True, 2, ""),
     ("qwen3_moe", "int8", 32, False, 2, ""),  # hidden 32, intermediate 40: one block per row at most
     ("qwen3_moe_wide", "int8", 32, False, 0, "8-bit values in blocks of 32"),
     ("qwen3_moe_wide", "int4", 64, False, 0, "partial block"),
