@@ -117,3 +117,18 @@ def padded_batch_tokens(decoder: Decoder, prompts: list[list[int]], n: int = NEW
         tokens.append(token)
     return np.stack(tokens, axis=1).tolist()
 
+
+def int4_qwen3_genai_folder(tmp_path: Path, *options: str) -> tuple[Path, Path]:
+    """(a tiny Qwen3 folder, its ``--genai`` folder exported with ``--quantize int4`` and ``options``)."""
+    folder = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2)
+    out = tmp_path / "genai"
+    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "--genai", out, "--quantize", "int4",
+                    *options)
+    assert result.exit_code == 0, result.output
+    return folder, out
+
+
+def assert_genai_generates_as(out: Path, model) -> None:
+    """onnxruntime-genai on ``out`` gives ``model``'s greedy tokens (our PyTorch decoder) for two prompts."""
+    expected = [generate(torch_decoder(model), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
+    assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected

@@ -79,20 +79,14 @@ def test_int8_activations_are_refused_in_one_line_where_no_matmul_nbits_would_ta
 
 @pytest.mark.slow
 def test_an_int8_activation_genai_folder_generates_the_tokens_of_the_model_that_quantizes_its_activations(tmp_path):
-    from attnres_export.decode.generate import generate, torch_decoder
     from attnres_export.parity.int8_activations import with_int8_activations
-    from tests.exporter.genai_helpers import NEW_TOKENS, PROMPTS, genai_generate, write_family_folder
+    from tests.exporter.genai_helpers import assert_genai_generates_as, int4_qwen3_genai_folder
 
-    folder = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2)
-    out = tmp_path / "genai"
-    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "--genai", out, "--quantize", "int4",
-                    "--int8-activations")
-    assert result.exit_code == 0, result.output
+    folder, out = int4_qwen3_genai_folder(tmp_path, "--int8-activations")
     assert set(matmul_nbits_levels(out / "model.onnx")) == {4}
     blocks = export_info(onnx.load(str(out / "model.onnx"), load_external_data=False))[INT8_ACTIVATIONS_KEY]
     model = with_int8_activations(open_checkpoint(folder).quantized_on_read(4, 32, embeddings=False).model(), blocks)
-    expected = [generate(torch_decoder(model), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
-    assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected
+    assert_genai_generates_as(out, model)
 
 
 @pytest.mark.slow

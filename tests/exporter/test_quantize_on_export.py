@@ -190,17 +190,10 @@ def test_int8_for_the_tensorrt_target_is_per_channel_which_tensorrt_builds(llama
 
 @pytest.mark.slow
 def test_an_int4_genai_folder_with_its_head_quantized_generates_the_quantized_models_greedy_tokens(tmp_path):
-    from attnres_export.decode.generate import generate, torch_decoder
-    from tests.exporter.genai_helpers import NEW_TOKENS, PROMPTS, genai_generate, write_family_folder
+    from tests.exporter.genai_helpers import assert_genai_generates_as, int4_qwen3_genai_folder
 
-    folder = write_family_folder(tmp_path / "qwen3", "qwen3", seed=2)
-    out = tmp_path / "genai"
-    result = invoke("export", folder, "--with-past", "--target", "onnxruntime", "--genai", out, "--quantize", "int4",
-                    "--quantize-embeddings")
-    assert result.exit_code == 0, result.output
-    quantized = open_checkpoint(folder).quantized_on_read(4, 32, embeddings=True).model()
-    expected = [generate(torch_decoder(quantized), prompt, NEW_TOKENS).tokens for prompt in PROMPTS[:2]]
-    assert genai_generate(out, [PROMPTS[0]]) + genai_generate(out, [PROMPTS[1]]) == expected
+    folder, out = int4_qwen3_genai_folder(tmp_path, "--quantize-embeddings")
+    assert_genai_generates_as(out, open_checkpoint(folder).quantized_on_read(4, 32, embeddings=True).model())
 
 
 def test_the_onnxruntime_target_counts_the_matmul_nbits_it_writes_among_its_fused_ops_and_inspect_shows_them(
