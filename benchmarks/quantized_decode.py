@@ -15,6 +15,8 @@
      ``accuracy_level`` 1, ``GroupQueryAttention``, ``RotaryEmbedding``, fused norms; docs/onnxruntime-target.md);
    - ``int4+emb ort a8``: the same with ``--int8-activations`` (``MatMulNBits`` written with ``accuracy_level`` 4,
      the builder's; docs/quantization.md#int8-activations);
+   - ``int4+emb genai a8``: the same export as a ``--genai`` folder, run by onnxruntime-genai as the builder's is
+     (its C++ loop and its cache buffers instead of attnres' Python ``Decoder``: the like-for-like comparison);
    - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (its defaults on CPU:
      RTN block 32, MatMulNBits ``accuracy_level`` 4), run by onnxruntime-genai.
    Decode tokens/s (greedy, fixed random prompt, ``--new`` tokens: one prefill then ``--new - 1`` cached steps, all
@@ -74,6 +76,9 @@ COMMON = {"max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "tie_word_embed
           "eos_token_id": 2, "rope_theta": 10000.0}
 ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
 """``attnres_export.backends.onnxruntime.runner.MATMUL_ACCURACY_KEY``."""
+QUANTIZED_RUNS = ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "int4+emb ort a8",
+                  "int4+emb genai a8")
+"""The quantized models timed, in table order (each against fp32 and the builder)."""
 GOALS = {"int4_vs_fp32_b1": 2.0, "ours_vs_builder": 1.0, "size_vs_fp16": 0.3}
 MIB = 2**20
 
@@ -99,9 +104,13 @@ def export_args(folder: Path, out: Path, args, *extra: str, target: str = "porta
             "--past", f"0:{args.prompt}:{args.prompt + args.new}", *extra]
 
 
-def export(folder: Path, out: Path, args, *extra: str, target: str = "portable") -> dict:
-    """``attnres-export`` in a child process: its wall time and peak RSS (``VmHWM``)."""
-    result = run_child("export", *export_args(folder, out, args, *extra, target=target))
+def export(folder: Path, out: Path, args, *extra: str, target: str = "portable", genai: bool = False) -> dict:
+    """``attnres-export`` in a child process: its wall time and peak RSS (``VmHWM``); ``genai``: ``out`` is a
+    ``--genai`` folder."""
+    options = export_args(folder, out, args, *extra, target=target)
+    if genai:
+        options[1:3] = ["--genai", str(out)]
+    result = run_child("export", *options)
     return {"wall_s": result["wall"], "peak_rss_mib": result["maxrss_kib"] / 1024, "bytes": onnx_bytes(out)}
 
 
@@ -179,11 +188,13 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
              "fp16": ("--dtype", "float16"),
              "int4+emb fp16": ("--dtype", "float16", "--quantize", "int4", "--quantize-embeddings"),
              "int4+emb ort": ("--quantize", "int4", "--quantize-embeddings"),
-             "int4+emb ort a8": ("--quantize", "int4", "--quantize-embeddings", "--int8-activations")}
+             "int4+emb ort a8": ("--quantize", "int4", "--quantize-embeddings", "--int8-activations"),
+             "int4+emb genai a8": ("--quantize", "int4", "--quantize-embeddings", "--int8-activations")}
     for name, extra in plans.items():
-        out = work / f"{body}-{name.replace(' ', '-').replace('+', '_')}.onnx"
-        target = "onnxruntime" if " ort" in name else "portable"
-        exports[name] = export(hf, out, args, *extra, target=target) | {"path": out}
+        genai = "genai" in name
+        out = work / f"{body}-{name.replace(' ', '-').replace('+', '_')}{'' if genai else '.onnx'}"
+        target = "onnxruntime" if " ort" in name or genai else "portable"
+        exports[name] = export(hf, out, args, *extra, target=target, genai=genai) | {"path": out}
         print(f"#   {name}: exported in {exports[name]['wall_s']:.0f} s, peak RSS "
               f"{exports[name]['peak_rss_mib']:,.0f} MiB, {exports[name]['bytes'] / MIB:,.1f} MiB", flush=True)
     exports["builder"] = builder(hf, work / f"{body}-builder") | {"path": work / f"{body}-builder"}
@@ -196,8 +207,9 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
                                         ("int4+emb ort a8", "int4+emb ort a8", 1)):
         decoder = ort_decoder(exports[export_name]["path"], args.threads, accuracy)
         runners[name] = lambda p, n, d=decoder: run_decoder(d, p, n)
-    model = genai_load(exports["builder"]["path"], args.threads)
-    runners["builder"] = lambda p, n: run_genai(model, p, n)
+    for name in ("int4+emb genai a8", "builder"):
+        model = genai_load(exports[name]["path"], args.threads)
+        runners[name] = lambda p, n, m=model: run_genai(m, p, n)
     body_notes: list[str] = []
     results = measure(runners, prompts, args, body_notes)
     notes += [f"{body} {n}" for n in body_notes]
@@ -320,15 +332,15 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
         print(f"#   note: {note}")
     print("\ndecode tokens/s (all rows), ONNX Runtime CPU; a1/a4: MatMulNBits accuracy_level 1 (float32 activations) "
           "/ 4 (int8 activations); ort: the onnxruntime target (accuracy_level 1; ort a8: written with "
-          "--int8-activations, accuracy_level 4); builder: onnxruntime-genai; same: "
+          "--int8-activations, accuracy_level 4); genai a8: that export as a --genai folder, and builder: both run by "
+          "onnxruntime-genai; same: "
           "greedy tokens equal to the builder's (row 0)")
     print("| body | params | model | " + " | ".join(f"b{b} tok/s | vs fp32 | vs builder" for b in args.batches)
           + f" | same/{args.new} |")
     print("|---|---:|---|" + "---:|---:|---:|" * len(args.batches) + "---:|")
     for body in bodies:
         d = body["decode"]
-        for name in ("fp32", "int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "int4+emb ort a8",
-                     "builder"):
+        for name in ("fp32", *QUANTIZED_RUNS, "builder"):
             cells = []
             for b in args.batches:
                 r, base, ref = d.get(f"{name} b{b}"), d.get(f"fp32 b{b}"), d.get(f"builder b{b}")
@@ -346,7 +358,8 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for body in bodies:
         e = body["exports"]
-        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "int4+emb ort", "int4+emb ort a8", "builder"):
+        for name in ("fp32", "int4", "int4+emb", "fp16", "int4+emb fp16", "int4+emb ort", "int4+emb ort a8",
+                     "int4+emb genai a8", "builder"):
             x = e[name]
             rss = f"{x['peak_rss_mib']:,.0f}" if "peak_rss_mib" in x else ""
             print(f"| {body['body']} | {name} | {x['bytes'] / MIB:,.1f} | {ratio(x['bytes'], e['fp16']['bytes'])} | "
@@ -358,7 +371,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
         d, e = body["decode"], body["exports"]
         fp32 = d.get(f"fp32 b{b1}", {}).get("tokens_per_s")
         ref = d.get(f"builder b{b1}", {}).get("tokens_per_s")
-        for name in ("int4 a1", "int4 a4", "int4+emb a1", "int4+emb a4", "int4+emb ort", "int4+emb ort a8"):
+        for name in QUANTIZED_RUNS:
             tps = d.get(f"{name} b{b1}", {}).get("tokens_per_s")
             if tps and fp32:
                 print(f"- {body['body']} {name} over fp32 at b{b1}: {tps / fp32:.2f}x (goal >= "
