@@ -99,6 +99,7 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
     # after a trace with a torch.cond (an MoE), torch.export's module-stack tracer outlives the export and holds the
     # module it traced to the end of attnres-export: without its pieces it holds none of the model's weights
     representatives.pieces = ()
+    _drop_debug_metadata(program.model)
     graph = program.model.graph
     by_name = {value.name: value for value in graph.inputs}
     produced = iter(graph.outputs)
@@ -113,6 +114,15 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
         traced[piece.kind] = TracedKind(piece.kind, piece_inputs, piece_weights, outputs, nodes,
                                         {v: renamed(v.shape, names) for v in values}, names)
     return traced, program.model
+
+
+def _drop_debug_metadata(model: ir.Model) -> None:
+    """Drop torch.onnx's debug metadata of every node (``pkg.torch.onnx.stack_trace`` and friends): the copies in
+    the main graph never carried it, but the subgraphs of a ``torch.cond`` (an MoE) kept it, and it names the source
+    files by absolute path and the FX modules by a per-process counter (``<eval_with_key>.11``), so an export
+    depended on where attnres is installed and on how many models the process had traced before."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
 
 
 def _example(value: PlanValue, sizes: dict[str, int], dtype: str) -> torch.Tensor:
