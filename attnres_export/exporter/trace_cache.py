@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -37,7 +38,7 @@ from attnres_export.atomic import atomic_write
 ENVIRONMENT = "ATTNRES_TRACE_CACHE"
 """The cache folder, or ``off``."""
 FORMAT = 1
-"""Raised when the key or the entries change meaning, so that older entries are never read."""
+"""Bumped when the key or the entries change meaning, so that older entries are never read."""
 LIBRARIES = {"torch": "torch", "onnxscript": "onnxscript", "onnx_ir": "onnx-ir", "onnx": "onnx", "sympy": "sympy",
              "numpy": "numpy", "ml_dtypes": "ml-dtypes"}
 """Top-level module -> distribution of the libraries a trace runs: their versions are in the key, and objects of
@@ -140,7 +141,7 @@ def _process() -> list:
         raise Uncacheable("global module forward hooks are registered")
     _refuse_active_context_variables()
     return [source_hash(), str(root), sys.version, sys.platform, platform.machine(),
-            {module: _version(dist) for module, dist in LIBRARIES.items()},
+            {module: _version(module, dist) for module, dist in LIBRARIES.items()},
             [str(torch.get_default_dtype()), str(torch.get_default_device()), torch.is_grad_enabled(),
              torch.are_deterministic_algorithms_enabled()],
             sorted([k, v] for k, v in os.environ.items()
@@ -157,10 +158,14 @@ def _refuse_active_context_variables() -> None:
                     raise Uncacheable(f"{name}.{attribute} is set")
 
 
-def _version(distribution: str) -> str | None:
+def _version(module: str, distribution: str) -> str | None:
+    """The installed version of ``distribution``; None when ``module`` is not installed at all (nothing traced can
+    run it)."""
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
+        if importlib.util.find_spec(module) is not None:
+            raise Uncacheable(f"{module} is importable but has no installed version to key") from None
         return None
 
 

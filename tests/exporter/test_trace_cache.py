@@ -249,7 +249,7 @@ def test_the_key_changes_with_the_dims_dtype_opset_libraries_and_source(pieces, 
                 key(pieces, dtype="float16"), key(pieces, opset=19)}) == 5
     monkeypatch.setattr(trace_cache, "source_hash", lambda: "0" * 64)
     changed_source = key(pieces)
-    monkeypatch.setattr(trace_cache, "_version", lambda distribution: "0.0")
+    monkeypatch.setattr(trace_cache, "_version", lambda module, distribution: "0.0")
     changed_versions = key(pieces)
     monkeypatch.setenv("TORCH_ONNX_ENABLE_DRAFT_EXPORT", "1")
     assert len({base, changed_source, changed_versions, key(pieces)}) == 4
