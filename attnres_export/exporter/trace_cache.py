@@ -134,11 +134,13 @@ def _process() -> list:
             file = getattr(module, "__file__", None)
             if file is None or not file.endswith(".py") or not Path(file).resolve().is_relative_to(root):
                 raise Uncacheable(f"module {name} is not loaded from a source file of {root}")
-    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
-        raise Uncacheable("a torch function or dispatch mode is active")
-    hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-        raise Uncacheable("global module forward hooks are registered")
+    # torch's private state, read defensively: a torch without it leaves the trace uncached, not the export failed
+    modes = [getattr(torch._C, name, None) for name in ("_len_torch_function_stack", "_len_torch_dispatch_stack")]
+    if None in modes or any(count() for count in modes):
+        raise Uncacheable("a torch function or dispatch mode may be active")
+    hooks = [getattr(nn.modules.module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")]
+    if None in hooks or any(hooks):
+        raise Uncacheable("global module forward hooks may be registered")
     _refuse_active_context_variables()
     return [source_hash(), str(root), sys.version, sys.platform, platform.machine(),
             {module: _version(module, dist) for module, dist in LIBRARIES.items()},

@@ -293,6 +293,11 @@ def test_an_attribute_the_key_cannot_describe_leaves_the_trace_uncached(pieces, 
         key(pieces)
 
 
+def test_an_active_torch_mode_leaves_the_trace_uncached(pieces):
+    with torch.device("cpu"), pytest.raises(Uncacheable, match="mode"):  # a device context is a function mode
+        key(pieces)
+
+
 def test_a_tensor_attribute_that_is_no_weight_is_keyed_by_its_values(pieces, monkeypatch):
     monkeypatch.setattr(pieces[0].module, "table", torch.arange(4.0), raising=False)
     first = key(pieces)
