@@ -7,7 +7,9 @@ start and shutdown included), N times; the table shows the best and the median. 
 - refusals that need no model: a missing file, a folder without config.json, a bad option value (``--opset 3``);
 - ``attnres-export MODEL --no-check`` of a 12-layer attnres-lm checkpoint (d_model 512, 8 heads, d_ff 1408, vocab
   8192, max_seq_len 512, Block AttnRes S = 4: the size of docs/benchmarks.md's export figures, written first with
-  ``attnres example``), against a whole process that loads transformers' ``LlamaForCausalLM`` of the same size
+  ``attnres example``), twice: cold (``ATTNRES_TRACE_CACHE`` an empty folder at every run: the pieces are traced) and
+  warm (a folder the uncounted run filled: the trace is read from the cache, docs/exporter-notes.md#the-trace-cache),
+  each against a whole process that loads transformers' ``LlamaForCausalLM`` of the same size
   (hidden 512, 12 layers, 8 heads and 8 KV heads, intermediate 1408, vocab 8192) from a saved folder and runs
   ``torch.onnx.export(dynamo=True)`` with the same dynamic batch 1..8 and sequence 1..512, then saves it;
 - for scale: ``python -c pass``, ``python -c "import torch"`` and a whole process exporting one ``nn.Linear``
@@ -21,6 +23,7 @@ of medians measured in the same run.
 Run from the repository root, idle:
     python benchmarks/command_latency.py                    # 7 runs of the fast commands, 3 of each export
     python benchmarks/command_latency.py --runs 11 --export-runs 5
+    python benchmarks/command_latency.py --exports-only --export-runs 3   # the export rows and their floor only
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ SIZES = {"vocab": 8192, "d_model": 512, "heads": 8, "d_ff": 1408, "max_seq_len":
 FAST_GOAL_S = 1.0
 EXPORT_GOAL = 0.2
 """``attnres-export --no-check`` at most this fraction of the Llama process's time."""
+CACHE = "ATTNRES_TRACE_CACHE"
 
 LLAMA_WRITE = r"""
 import sys, torch
@@ -88,19 +92,40 @@ class Case:
     outputs: list[Path] = field(default_factory=list)
     """Files (with their external-data siblings) deleted before each run."""
     times: list[float] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set for the command."""
+    emptied: Path | None = None
+    """A folder emptied before each run (the cold export's trace cache)."""
+    read_only: Path | None = None
+    """A folder that a run may fill but not change once filled (the warm export's trace cache: a hit writes
+    nothing there), so that a warm figure is never a trace's."""
 
 
 def timed(case: Case, cwd: Path) -> float:
     for out in case.outputs:
         for path in out.parent.glob(f"{out.name}*"):
             path.unlink()
+    if case.emptied is not None:
+        shutil.rmtree(case.emptied, ignore_errors=True)
+        case.emptied.mkdir()
+    before = listing(case.read_only)
     start = time.perf_counter()
-    done = subprocess.run(case.argv, cwd=cwd, capture_output=True, text=True, check=False)
+    done = subprocess.run(case.argv, cwd=cwd, capture_output=True, text=True, check=False,
+                          env={**os.environ, **case.env})
     wall = time.perf_counter() - start
     text = done.stdout + done.stderr
     if done.returncode != case.rc or case.expect not in text:
         sys.exit(f"{case.name}: exit {done.returncode} (expected {case.rc}), output:\n{text[-3000:]}")
+    if before and listing(case.read_only) != before:
+        sys.exit(f"{case.name}: {case.read_only} changed: the export traced instead of reading its trace")
     return wall
+
+
+def listing(folder: Path | None) -> dict[str, int]:
+    """Each file of ``folder`` and its modification time (ns); empty when there is none."""
+    if folder is None or not folder.is_dir():
+        return {}
+    return {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
 
 
 def tool(name: str) -> str:
@@ -128,9 +153,12 @@ def cases(work: Path) -> list[Case]:
              expect="needs config.json", goal="fast"),
         Case("attnres-export MODEL --opset 3 (bad option value)", [export, str(model), "--opset", "3"], rc=2,
              expect="--opset", goal="fast"),
-        Case("attnres-export MODEL --no-check (12 layers, d512)", [export, str(model), "--no-check", "-o",
-                                                                   str(work / "ours.onnx")],
-             expect="wrote", goal="export", outputs=[work / "ours.onnx"]),
+        Case("attnres-export MODEL --no-check (12 layers, d512), cold trace cache",
+             [export, str(model), "--no-check", "-o", str(work / "cold.onnx")], expect="wrote", goal="export",
+             outputs=[work / "cold.onnx"], env={CACHE: str(work / "cold-traces")}, emptied=work / "cold-traces"),
+        Case("attnres-export MODEL --no-check (12 layers, d512), warm trace cache",
+             [export, str(model), "--no-check", "-o", str(work / "warm.onnx")], expect="wrote", goal="export",
+             outputs=[work / "warm.onnx"], env={CACHE: str(work / "warm-traces")}, read_only=work / "warm-traces"),
         Case("torch.onnx.export(dynamo=True), LlamaForCausalLM, same size",
              [py, "-c", LLAMA_EXPORT, str(llama), str(work / "llama.onnx"), str(SIZES["max_seq_len"])],
              goal="baseline", outputs=[work / "llama.onnx"]),
@@ -152,16 +180,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="runs of each fast command (default 7)")
     parser.add_argument("--export-runs", type=int, default=3, help="runs of each export (default 3)")
+    parser.add_argument("--exports-only", action="store_true",
+                        help="time only the exports (ours cold and warm, Llama, the nn.Linear floor)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="command-latency-") as tmp:
         work = Path(tmp)
         print("writing the models ...", flush=True)
         write_models(work)
-        todo = cases(work)
+        todo = [case for case in cases(work) if case.outputs or not args.exports_only]
         for case in todo:  # one warm-up run each (page cache), not counted; checks the exit code and message too
             timed(case, work)
-        rounds = max(args.runs, args.export_runs)
+        rounds = args.export_runs if args.exports_only else max(args.runs, args.export_runs)
         for i in range(rounds):  # interleaved, so that a change of load touches every command alike
             for case in todo:
                 if i < (args.export_runs if case.outputs else args.runs):
@@ -194,9 +224,11 @@ def report(todo: list[Case], args, load_before: tuple[float, ...]) -> None:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(cells)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
-    ours = next(c for c in todo if c.goal == "export")
-    print(f"\nattnres-export --no-check / Llama torch.onnx.export: {med[ours.name] / med[baseline.name]:.3f}x "
-          f"(medians; best {min(ours.times) / min(baseline.times):.3f}x)")
+    print()
+    for ours in (c for c in todo if c.goal == "export"):
+        ratio, best = med[ours.name] / med[baseline.name], min(ours.times) / min(baseline.times)
+        print(f"attnres-export --no-check ({ours.name.rpartition(', ')[2]}) / Llama torch.onnx.export: {ratio:.3f}x "
+              f"(medians; best {best:.3f}x)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ from attnres_export.models.example import make_example
 # The command line renders tables 160 columns wide writing to no terminal with COLUMNS unset (cli/framework.py);
 # pytest-xdist's workers start with COLUMNS=80, which cut long paths out of table cells. Every launcher renders alike.
 os.environ["COLUMNS"] = "160"
+# Every export in the tests traces its pieces: a trace read from a cache that another run left would test the cache,
+# not the code under test (tests/exporter/test_trace_cache.py opts in, with a folder of its own per test).
+os.environ["ATTNRES_TRACE_CACHE"] = "off"
 
 SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
 

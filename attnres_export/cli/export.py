@@ -105,6 +105,10 @@ def export(
     trace_whole: Annotated[bool, typer.Option(
         "--trace-whole", help="Trace the whole model instead of tracing each kind of layer once and assembling the "
                               "graph (the same model; slower, growing with depth; docs/exporter-notes.md).")] = False,
+    no_trace_cache: Annotated[bool, typer.Option(
+        "--no-trace-cache", help="Trace the layers even when the trace cache holds their trace, and store nothing "
+                                 "there (the cache: $ATTNRES_TRACE_CACHE or ~/.cache/attnres/traces; "
+                                 "docs/exporter-notes.md#the-trace-cache).")] = False,
 ) -> None:
     """Export MODEL to ONNX with one fused node per depth aggregation, then check parity on ONNX Runtime."""
     if report is not None and not check:
@@ -113,8 +117,9 @@ def export(
     opts = ExportOptions(
         source=model, output=output, target=target, dtype=dtype, opset=opset, batch=batch, seq=seq, check=check,
         seed=seed, tolerances=parse_tolerances(tol), with_past=with_past, past=past, fuse_norm=fuse_norm,
-        trace_whole=trace_whole, quantize=quantize, quantize_block_size=quantize_block_size,
-        quantize_embeddings=quantize_embeddings, int8_activations=int8_activations,
+        trace_whole=trace_whole, trace_cache=not no_trace_cache, quantize=quantize,
+        quantize_block_size=quantize_block_size, quantize_embeddings=quantize_embeddings,
+        int8_activations=int8_activations,
     )
     if genai is not None and hf_onnx is not None:
         raise usage_error("--hf-onnx", "--genai and --hf-onnx: one folder per export; run the export once for each")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -42,16 +43,18 @@ def plan_of(model: nn.Module, with_past: bool, fuse_norm: bool) -> ExportPlan | 
 def export_planned(model: nn.Module, plan: ExportPlan, ranges: dict[str, DimRange], sizes: dict[str, int],
                    dtype: str, opset: int, status: Callable[[str], None],
                    read: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   stored: Callable[[torch.Tensor], object | None] | None = None) -> ir.Model:
-    """Trace each kind of piece of ``plan`` once (at the trace ``sizes``, dynamic over ``ranges``) and assemble the
-    model graph; ``model`` is the model in the export dtype, whose tensors the plan's pieces hold. ``read`` gives
-    the values of a tensor the model holds on the meta device (a streamed model, ``models.store``): such a tensor
-    is read when the staging writer writes it, so the graph holds none of the model's large tensors. ``stored``
-    gives the stored tensor such a tensor reads: each initializer made from one carries it (``STORED``), so that
-    ``exporter.quantized_graph`` can keep a quantized weight quantized."""
+                   stored: Callable[[torch.Tensor], object | None] | None = None,
+                   trace_cache: Path | None = None) -> ir.Model:
+    """Trace each kind of piece of ``plan`` once (at the trace ``sizes``, dynamic over ``ranges``; or read the trace
+    from the ``trace_cache`` folder, ``exporter/trace_cache.py``) and assemble the model graph; ``model`` is the
+    model in the export dtype, whose tensors the plan's pieces hold. ``read`` gives the values of a tensor the model
+    holds on the meta device (a streamed model, ``models.store``): such a tensor is read when the staging writer
+    writes it, so the graph holds none of the model's large tensors. ``stored`` gives the stored tensor such a
+    tensor reads: each initializer made from one carries it (``STORED``), so that ``exporter.quantized_graph`` can
+    keep a quantized weight quantized."""
     kinds = list(dict.fromkeys(p.kind for p in plan.pieces()))
     status(f"tracing {len(kinds)} kinds of piece once ({', '.join(kinds)}; {dtype}, opset {opset})")
-    traced, template = trace_kinds(plan.pieces(), ranges, sizes, dtype, opset)
+    traced, template = trace_kinds(plan.pieces(), ranges, sizes, dtype, opset, trace_cache, status)
     status(f"assembling {len(plan.pieces())} pieces and {len(plan.steps) - len(plan.pieces())} nodes between them")
     return assemble(plan, traced, model, dtype, template, read or _held, stored or _not_stored)
 

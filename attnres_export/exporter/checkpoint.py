@@ -35,6 +35,7 @@ from attnres_export.exporter.options import (
 from attnres_export.exporter.quantized_graph import MIN_OPSET, QuantizedWeights, keep_quantized
 from attnres_export.exporter.staging import Stage
 from attnres_export.exporter.to_onnx import export_module, name_dynamic_dims
+from attnres_export.exporter.trace_cache import cache_folder
 from attnres_export.graphs.load import load_onnx
 from attnres_export.graphs.metadata import EXPORT_KEY, INT8_ACTIVATIONS_KEY, QUANTIZE_KEY, export_info
 from attnres_export.graphs.onnx_utils import attnres_nodes, set_metadata
@@ -251,7 +252,7 @@ def _with_past_job(traced: torch.nn.Module, weights: _Weights, cfg: Any, model_i
     dynamic = dynamic_dims_with_past(step_input_axes(cache), ranges)
     return _Job(ranges, lambda status: export_with_past(traced, ranges, opts.dtype, opts.opset, opts.seed,
                                                         opts.fuse_norm, opts.trace_whole, status, weights.read,
-                                                        weights.stored)[0], dynamic,
+                                                        weights.stored, cache_folder(opts.trace_cache))[0], dynamic,
                 metadata, traced.fused_node_count(), _check_shapes(ranges, True),
                 {"with_past": True, "shapes": "batch x seq x past"})
 
@@ -301,7 +302,7 @@ def _export(model: torch.nn.Module, weights: _Weights, ranges: dict[str, DimRang
     plan = None if opts.trace_whole else plan_of(export_model, with_past=False, fuse_norm=opts.fuse_norm)
     if plan is not None:
         return export_planned(export_model, plan, ranges, trace_sizes, opts.dtype, opts.opset, status, weights.read,
-                              weights.stored)
+                              weights.stored, cache_folder(opts.trace_cache))
     status(f"tracing the whole model ({opts.dtype}, opset {opts.opset})")
     feeds = model.random_inputs(trace_sizes["batch"], trace_sizes["seq"], np.random.default_rng(opts.seed))
     example = {k: torch.from_numpy(v) for k, v in feeds.items()}

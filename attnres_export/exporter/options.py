@@ -51,6 +51,9 @@ class ExportOptions:
     """Export each aggregation and the RMSNorm after it as one AttnResAggregateNorm node."""
     trace_whole: bool = False
     """Trace the whole model, even when its family has an export plan (docs/exporter-notes.md#assembled-export)."""
+    trace_cache: bool = True
+    """Read and store an assembled export's trace in the trace cache (``exporter/trace_cache.py``;
+    ``$ATTNRES_TRACE_CACHE`` chooses the folder, ``off`` disables it; docs/exporter-notes.md#the-trace-cache)."""
     quantize: str | None = None
     """``int4`` or ``int8``: quantize the float matmul weights on export, round to nearest per block
     (docs/quantization.md#quantizing-on-export-rtn)."""

@@ -4,13 +4,18 @@ The first piece of every kind is traced with its weights as graph inputs (empty 
 no weight passes through the trace), all kinds in one ``torch.onnx.export`` call so that torch.onnx's fixed cost
 (building its op registry, setting up the tracer) is paid once. Each kind gets its own symbolic dims, so no piece's
 graph reads another's input shapes; the traced graph is then cut into one graph per kind, and the trace's symbol
-names are mapped back to the plan's dim names (``batch``, ``seq``, ``past``, ``total``).
+names are mapped back to the plan's dim names (``batch``, ``seq``, ``past``, ``total``). The combined trace holds no
+weight, so it can come from the trace cache instead (``exporter/trace_cache.py``): torch.onnx is imported only to
+trace.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx_ir as ir
 import sympy
@@ -19,8 +24,8 @@ from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.dtypes import torch_dtype
-from attnres_export.errors import ExportError
-from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
+from attnres_export.errors import AttnresError, ExportError
+from attnres_export.exporter.trace_cache import Uncacheable, entry_path, read_trace, trace_key, write_trace
 from attnres_export.graphs.schemas import register_schemas
 from attnres_export.models.base import PlanPiece, PlanValue
 
@@ -68,19 +73,66 @@ class _Representatives(nn.Module):
 
 
 def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dict[str, int], dtype: str,
-                opset: int) -> tuple[dict[str, TracedKind], ir.Model]:
+                opset: int, cache: Path | None = None, status: Callable[[str], None] = lambda _: None
+                ) -> tuple[dict[str, TracedKind], ir.Model]:
     """Trace the first piece of each kind at the trace ``sizes`` of the dims, dynamic over their ``ranges``; returns
-    each kind's graph and the combined trace they were cut from."""
+    each kind's graph and the combined trace they were cut from. With a ``cache`` folder the combined trace is read
+    from it when this code traced these pieces before, and stored there after a trace (``exporter/trace_cache.py``).
+    """
     register_schemas()
+    first = first_of_each_kind(pieces)
+    key, why = None, None
+    if cache is not None:
+        try:
+            key = cache_key(first, ranges, sizes, dtype, opset)
+        except Uncacheable as exc:
+            why = str(exc)
+    model = None if key is None else read_trace(cache, key)
+    if model is not None:
+        status(f"traced pieces: from cache {entry_path(cache, key)}")
+    else:
+        start = time.perf_counter()
+        model = _trace(first, ranges, sizes, dtype, opset)
+        seconds = time.perf_counter() - start
+        if cache is not None and key is not None:
+            try:
+                write_trace(cache, key, model)
+            except (OSError, ValueError, AttnresError) as exc:
+                why = f"cannot write {entry_path(cache, key)}: {exc}"
+        status(f"traced {len(first)} kinds in {seconds:.1f} s" + (f" (not cached: {why})" if why else ""))
+    return _cut(first, model), model
+
+
+def first_of_each_kind(pieces: list[PlanPiece]) -> list[PlanPiece]:
+    """The pieces traced: the first of each kind, each checked to read as many values as its signature lists."""
     firsts: dict[str, PlanPiece] = {}
     for piece in pieces:
         firsts.setdefault(piece.kind, piece)
-    first = list(firsts.values())
-    inputs, weights, dynamic, input_names, output_names = [], [], [], [], []
-    for index, piece in enumerate(first):
+    for piece in firsts.values():
         if len(piece.signature) != len(piece.inputs):
             raise ExportError(f"the {piece.kind} piece reads {len(piece.inputs)} values but its signature lists "
                               f"{len(piece.signature)}; the model's export plan is wrong (please report this)")
+    return list(firsts.values())
+
+
+def cache_key(first: list[PlanPiece], ranges: dict[str, DimRange], sizes: dict[str, int], dtype: str,
+              opset: int) -> str:
+    """The trace cache's key of the trace of ``first``: everything ``_trace`` reads (each piece's kind, signature,
+    output count, weights as ``piece_tensors`` lists them, module) and the dims, dtype and opset; raises
+    Uncacheable."""
+    pieces = [[p.kind, p.signature, len(p.outputs), [(name, str(t.dtype), tuple(t.shape))
+                                                    for name, t in piece_tensors(p.module)], p.module]
+              for p in first]
+    return trace_key([pieces, ranges, sizes, dtype, opset])
+
+
+def _trace(first: list[PlanPiece], ranges: dict[str, DimRange], sizes: dict[str, int], dtype: str,
+           opset: int) -> ir.Model:
+    """The combined trace of the ``first`` piece of each kind, by ``torch.onnx.export``."""
+    from attnres_export.exporter.to_onnx import quiet_torch_onnx_export, translation_table
+
+    inputs, weights, dynamic, input_names, output_names = [], [], [], [], []
+    for index, piece in enumerate(first):
         dims = {name: torch.export.Dim(f"{name}_{index}", min=rng.min, max=rng.max)
                 for name, rng in ranges.items() if rng.min < rng.max}
         inputs.append([_example(value, sizes, dtype) for value in piece.signature])
@@ -99,7 +151,13 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
     # after a trace with a torch.cond (an MoE), torch.export's module-stack tracer outlives the export and holds the
     # module it traced to the end of attnres-export: without its pieces it holds none of the model's weights
     representatives.pieces = ()
-    graph = program.model.graph
+    _drop_debug_metadata(program.model)
+    return program.model
+
+
+def _cut(first: list[PlanPiece], model: ir.Model) -> dict[str, TracedKind]:
+    """Each kind's graph, cut out of the combined trace ``model``."""
+    graph = model.graph
     by_name = {value.name: value for value in graph.inputs}
     produced = iter(graph.outputs)
     traced = {}
@@ -112,7 +170,16 @@ def trace_kinds(pieces: list[PlanPiece], ranges: dict[str, DimRange], sizes: dic
         values = [*piece_inputs, *(v for _, v in piece_weights), *(o for n in nodes for o in n.outputs)]
         traced[piece.kind] = TracedKind(piece.kind, piece_inputs, piece_weights, outputs, nodes,
                                         {v: renamed(v.shape, names) for v in values}, names)
-    return traced, program.model
+    return traced
+
+
+def _drop_debug_metadata(model: ir.Model) -> None:
+    """Drop torch.onnx's debug metadata of every node (``pkg.torch.onnx.stack_trace`` and friends): the copies in
+    the main graph never carried it, but the subgraphs of a ``torch.cond`` (an MoE) kept it, and it names the source
+    files by absolute path and the FX modules by a per-process counter (``<eval_with_key>.11``), so an export
+    depended on where attnres is installed and on how many models the process had traced before."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
 
 
 def _example(value: PlanValue, sizes: dict[str, int], dtype: str) -> torch.Tensor:

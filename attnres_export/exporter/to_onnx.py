@@ -1,4 +1,7 @@
-"""torch.nn.Module -> ONNX through ``torch.onnx.export(dynamo=True)``, one attnres node per custom-op call."""
+"""torch.nn.Module -> ONNX through ``torch.onnx.export(dynamo=True)``, one attnres node per custom-op call.
+
+onnxscript (and the optimizer built on it) is imported by the functions that trace: an export whose trace comes from
+the trace cache (``exporter/trace_cache.py``) imports neither it nor ``torch.onnx``, about a second of imports."""
 
 from __future__ import annotations
 
@@ -9,13 +12,11 @@ import warnings
 
 import onnx
 import onnx_ir as ir
-import onnxscript
 import torch
 from torch import nn
 
 from attnres_export.dims import DimRange
 from attnres_export.errors import ExportError
-from attnres_export.exporter.optimize import optimize_exported
 from attnres_export.graphs.schemas import register_schemas, trace_schema
 from attnres_export.ops.descriptors import OPS, PLUGIN_ATTRIBUTES
 from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
@@ -23,6 +24,8 @@ from attnres_export.ops.opset import DOMAIN, OPSET_VERSION
 
 def translation_table() -> dict:
     """The custom-op translations torch.onnx needs: one per op descriptor, keyed by its torch custom op."""
+    import onnxscript
+
     opset = onnxscript.values.Opset(DOMAIN, OPSET_VERSION)
     table = {}
     for op in OPS.values():
@@ -36,6 +39,8 @@ def quiet_torch_onnx_export(model, args: tuple, **options):
     """``torch.onnx.export(dynamo=True)`` and our optimizer (``exporter/optimize.py``: onnxscript's rewrite rules
     would drop a small eps), with the console chatter captured; a failure becomes one ExportError naming the root
     cause. The exporter's logger level is restored afterwards."""
+    from attnres_export.exporter.optimize import optimize_exported
+
     logger = logging.getLogger("torch.onnx")
     level = logger.level
     logger.setLevel(logging.ERROR)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -54,14 +55,14 @@ def export_with_past(model: torch.nn.Module, ranges: dict[str, DimRange], dtype:
                      fuse_norm: bool = False, trace_whole: bool = False,
                      status: Callable[[str], None] = lambda _: None,
                      read: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                     stored: Callable[[torch.Tensor], object | None] | None = None
-                     ) -> tuple[ir.Model, WithPastModel]:
+                     stored: Callable[[torch.Tensor], object | None] | None = None,
+                     trace_cache: Path | None = None) -> tuple[ir.Model, WithPastModel]:
     """The ONNX model of the with-past form of ``model`` in ``dtype`` (score weights folded, and aggregations fused
     with their norms when ``fuse_norm``; a copy only when the weights are stored in another type), assembled from
     the model's export plan or, without one or with ``trace_whole``, traced whole; and the with-past form of
     ``model`` itself (the reference). ``read`` gives the values of a tensor ``model`` holds on the meta device (a
     streamed model, ``models.store``; ``stored``: the stored tensor it reads): only an assembled export can take such a
-    model."""
+    model, and only an assembled export reads its trace from the ``trace_cache`` folder."""
     reference = model.with_past()
     if reference is None:
         raise ExportError(f"--with-past: {model.config.arch} models have no KV cache; drop --with-past")
@@ -75,7 +76,8 @@ def export_with_past(model: torch.nn.Module, ranges: dict[str, DimRange], dtype:
     plan = None if trace_whole else plan_of(export_model, with_past=True, fuse_norm=fuse_norm)
     if plan is not None:
         sizes = {"batch": b, "seq": t, "past": p, "total": p + t}
-        return export_planned(export_model, plan, ranges, sizes, dtype, opset, status, read, stored), reference
+        return (export_planned(export_model, plan, ranges, sizes, dtype, opset, status, read, stored, trace_cache),
+                reference)
     status(f"tracing the whole with-past model ({dtype}, opset {opset})")
     rng = np.random.default_rng(seed)
     ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, size=(b, t), dtype=np.int64))
