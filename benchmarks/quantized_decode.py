@@ -98,19 +98,17 @@ def hf_folder(body: str, size: dict, out: Path, seed: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def export_args(folder: Path, out: Path, args, *extra: str, target: str = "portable") -> list[str]:
-    return [str(folder), "-o", str(out), "--with-past", "--target", target, "--no-check",
+def export_args(folder: Path, out: Path, args, *extra: str, target: str = "portable", genai: bool = False
+                ) -> list[str]:
+    """``attnres-export``'s arguments; ``genai``: ``out`` is a ``--genai`` folder, else the ONNX file."""
+    return [str(folder), "--genai" if genai else "-o", str(out), "--with-past", "--target", target, "--no-check",
             "--batch", f"1:1:{max(args.batches)}", "--seq", f"1:1:{args.prompt}",
             "--past", f"0:{args.prompt}:{args.prompt + args.new}", *extra]
 
 
 def export(folder: Path, out: Path, args, *extra: str, target: str = "portable", genai: bool = False) -> dict:
-    """``attnres-export`` in a child process: its wall time and peak RSS (``VmHWM``); ``genai``: ``out`` is a
-    ``--genai`` folder."""
-    options = export_args(folder, out, args, *extra, target=target)
-    if genai:
-        options[1:3] = ["--genai", str(out)]
-    result = run_child("export", *options)
+    """``attnres-export`` in a child process: its wall time and peak RSS (``VmHWM``)."""
+    result = run_child("export", *export_args(folder, out, args, *extra, target=target, genai=genai))
     return {"wall_s": result["wall"], "peak_rss_mib": result["maxrss_kib"] / 1024, "bytes": onnx_bytes(out)}
 
 
