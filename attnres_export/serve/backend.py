@@ -46,6 +46,8 @@ HUNG_AFTER_S = 6.0
 """A server that has answered no health question for this long counts as dead: a stopped or deadlocked
 ``tritonserver`` keeps its pid and readiness, and requests sent to it waited forever (measured before: readiness 200
 and a request unanswered after 20 s, 10 s after a SIGSTOP)."""
+REAP_WAIT_S = 10.0
+"""How long a stop waits for PyTriton to see a killed server exit (it exits at once; this only bounds it)."""
 
 _fork_policy = threading.local()
 """``own_group`` is true on the thread that starts Triton: what it forks gets a process group of its own."""
@@ -370,10 +372,18 @@ class TritonBackend:
         server is killed, it cannot stop itself), then kill what is left of its process group."""
         if self.hung:
             self._kill_group()
+            self._await_reaped()
         if self.triton is not None and not self.abandoned:
             self.triton.stop()
         self._release.set()
         self._kill_group()
+
+    def _await_reaped(self) -> None:
+        """Wait until PyTriton has seen its killed server exit: until then it counts the server alive and its stop
+        signals a process that may be reaped already (``ProcessLookupError``)."""
+        deadline = time.monotonic() + REAP_WAIT_S
+        while self.triton is not None and self.triton.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _kill_group(self) -> None:
         """SIGKILL the server's process group, while a process known to be in it runs (so that its id cannot have

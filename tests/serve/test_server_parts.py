@@ -235,3 +235,43 @@ def test_a_process_that_exits_while_its_children_are_listed_has_none(monkeypatch
     monkeypatch.setattr(Path, "glob", vanished)
     assert backend.children(os.getpid()) == set()
     assert backend.descendants(os.getpid()) == set()
+
+
+def test_a_hung_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen_its_server_exit(tmp_path):
+    """PyTriton (through ``sh``) counts its server alive until its reaper thread has noted the exit; a stop in that
+    window signals a pid that may be reaped already, and its ProcessLookupError ended ``attnres serve`` (seen in CI
+    after a SIGSTOP). The fake notes the exit 0.3 s after the reap, as a busy reaper thread may."""
+    import signal
+    import subprocess
+    import threading
+
+    from attnres_export.serve import backend
+
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    os.kill(hung.pid, signal.SIGSTOP)
+
+    class PyTritonSeenFromOutside:
+        def __init__(self) -> None:
+            self.exit_noted = threading.Event()
+            self.stopped_while_counted_alive: bool | None = None
+            threading.Thread(target=self._reap, daemon=True).start()
+
+        def _reap(self) -> None:
+            hung.wait()
+            time.sleep(0.3)
+            self.exit_noted.set()
+
+        def is_alive(self) -> bool:
+            return not self.exit_noted.is_set()
+
+        def stop(self) -> None:
+            self.stopped_while_counted_alive = self.is_alive()
+
+    stopped = backend.TritonBackend("m", None, [], tmp_path, exit_timeout_s=1, max_queue_delay_us=0)
+    stopped.triton = PyTritonSeenFromOutside()
+    stopped.group = backend.Process.of(hung.pid, "tritonserver")
+    stopped.watched = [stopped.group]
+    stopped.hung = True
+    stopped.stop()
+    assert hung.poll() == -signal.SIGKILL
+    assert stopped.triton.stopped_while_counted_alive is False
