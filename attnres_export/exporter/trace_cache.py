@@ -12,6 +12,7 @@ an ONNX ModelProto, only ever parsed; one that does not parse or whose digest di
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import dataclasses
 import enum
@@ -46,6 +47,9 @@ their classes (and of attnres_export's and the standard library's) are the only 
 ENVIRONMENT_PREFIXES = ("TORCH", "PYTORCH", "ONNX", "SYMPY")
 """Environment variables that torch, torch.onnx, onnxscript (``TORCHLIB_*``) or sympy read: all of them are keyed,
 but for ``TORCHINDUCTOR_*``, which only torch.compile reads and torch sets itself when torch._dynamo is imported."""
+KEEP_BYTES = 256 << 20
+"""The most the folder holds: a write removes the least recently used entries beyond it (an entry is a few tens of
+KB, and every upgrade of attnres or of a library keys new ones)."""
 _KEY, _DIGEST = "attnres.trace_key", "attnres.trace_digest"
 _MAX_DEPTH = 64
 
@@ -91,7 +95,10 @@ def read_trace(folder: Path, key: str) -> ir.Model | None:
         proto.metadata_props.extend(kept)
         if stamps != {_KEY: key, _DIGEST: hashlib.sha256(proto.SerializeToString()).hexdigest()}:
             return None
-        return ir.serde.deserialize_model(proto)
+        model = ir.serde.deserialize_model(proto)
+        with contextlib.suppress(OSError):  # used now, the last to be evicted (unless the folder is read-only)
+            os.utime(entry_path(folder, key))
+        return model
     except Exception:  # whatever is wrong with an entry (a folder in its place, bad protobuf): trace again
         return None
 
@@ -107,7 +114,32 @@ def write_trace(folder: Path, key: str, model: ir.Model) -> Path:
     path = entry_path(folder, key)
     with atomic_write(path) as tmp:
         tmp.write_bytes(proto.SerializeToString())
+    evict(folder, keep=path)
     return path
+
+
+def evict(folder: Path, keep: Path, keep_bytes: int | None = None) -> list[Path]:
+    """Remove the least recently used entries until the folder's entries hold at most ``keep_bytes`` (default
+    ``KEEP_BYTES``; ``keep``, the entry just written, stays); returns what was removed. Another process may remove
+    the same entry first."""
+    keep_bytes = KEEP_BYTES if keep_bytes is None else keep_bytes
+    entries = []
+    for path in folder.glob("*.onnx"):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, path in sorted(entries, key=lambda entry: entry[0]):
+        if total <= keep_bytes:
+            break
+        if path == keep:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+        total -= size
+    return removed
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -312,3 +313,29 @@ def test_an_entry_is_an_onnx_model_stamped_with_its_key(tmp_path):
     loaded = read_trace(tmp_path / "traces", "k" * 64)
     assert loaded is not None and loaded.graph.name == "g" and not loaded.metadata_props
     assert (tmp_path / "traces").stat().st_mode & 0o077 == 0
+
+
+def test_a_write_beyond_the_folders_limit_evicts_the_least_recently_used_entries_and_keeps_the_new_one(tmp_path,
+                                                                                                        monkeypatch):
+    folder = tmp_path / "traces"
+    model = ir.Model(ir.Graph([], [], nodes=[], opset_imports={"": 18}, name="g"), ir_version=10)
+    keys = [str(i) * 64 for i in range(5)]
+    for age, name in enumerate(keys[:4]):
+        path = write_trace(folder, name, model)
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))
+    size = trace_cache.entry_path(folder, keys[0]).stat().st_size
+    assert read_trace(folder, keys[0]) is not None  # read now: the most recently used
+    monkeypatch.setattr(trace_cache, "KEEP_BYTES", 3 * size)
+    write_trace(folder, keys[4], model)
+    left = sorted(p.stem for p in folder.glob("*.onnx"))
+    assert left == sorted([keys[0], keys[3], keys[4]])
+
+
+def test_eviction_keeps_the_new_entry_even_when_it_alone_is_over_the_limit(tmp_path):
+    folder = tmp_path / "traces"
+    model = ir.Model(ir.Graph([], [], nodes=[], opset_imports={"": 18}, name="g"), ir_version=10)
+    old = write_trace(folder, "a" * 64, model)
+    new = write_trace(folder, "b" * 64, model)
+    os.utime(old, (1_000_000, 1_000_000))
+    assert trace_cache.evict(folder, keep=new, keep_bytes=1) == [old]
+    assert [p.name for p in folder.iterdir()] == [new.name]
