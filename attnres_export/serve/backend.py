@@ -372,6 +372,7 @@ class TritonBackend:
         server is killed, it cannot stop itself), then kill what is left of its process group."""
         if self.hung:
             self._kill_group()
+        if self.hung or (self.watched and not self.watched[0].alive()):
             self._await_reaped()
         if self.triton is not None and not self.abandoned:
             self.triton.stop()
@@ -379,8 +380,8 @@ class TritonBackend:
         self._kill_group()
 
     def _await_reaped(self) -> None:
-        """Wait until PyTriton has seen its killed server exit: until then it counts the server alive and its stop
-        signals a process that may be reaped already (``ProcessLookupError``)."""
+        """Wait until PyTriton has seen its dead or killed server exit: until then it counts the server alive and its
+        stop signals a process that may be reaped already (``ProcessLookupError``)."""
         deadline = time.monotonic() + REAP_WAIT_S
         while self.triton is not None and self.triton.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)

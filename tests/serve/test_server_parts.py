@@ -237,7 +237,9 @@ def test_a_process_that_exits_while_its_children_are_listed_has_none(monkeypatch
     assert backend.descendants(os.getpid()) == set()
 
 
-def test_a_hung_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen_its_server_exit(tmp_path):
+@pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"], ids=["hung", "killed"])
+def test_a_hung_or_dead_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen_its_server_exit(
+        tmp_path, signum):
     """PyTriton (through ``sh``) counts its server alive until its reaper thread has noted the exit; a stop in that
     window signals a pid that may be reaped already, and its ProcessLookupError ended ``attnres serve`` (seen in CI
     after a SIGSTOP). The fake notes the exit 0.3 s after the reap, as a busy reaper thread may."""
@@ -247,8 +249,11 @@ def test_a_hung_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen
 
     from attnres_export.serve import backend
 
-    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    os.kill(hung.pid, signal.SIGSTOP)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    group = backend.Process.of(server.pid, "tritonserver")
+    os.kill(server.pid, getattr(signal, signum))
+    while signum == "SIGKILL" and group.alive():  # stop follows ``dead``, which saw the server die
+        time.sleep(0.01)
 
     class PyTritonSeenFromOutside:
         def __init__(self) -> None:
@@ -257,7 +262,7 @@ def test_a_hung_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen
             threading.Thread(target=self._reap, daemon=True).start()
 
         def _reap(self) -> None:
-            hung.wait()
+            server.wait()
             time.sleep(0.3)
             self.exit_noted.set()
 
@@ -269,9 +274,9 @@ def test_a_hung_backend_is_stopped_through_pytriton_only_after_pytriton_has_seen
 
     stopped = backend.TritonBackend("m", None, [], tmp_path, exit_timeout_s=1, max_queue_delay_us=0)
     stopped.triton = PyTritonSeenFromOutside()
-    stopped.group = backend.Process.of(hung.pid, "tritonserver")
-    stopped.watched = [stopped.group]
-    stopped.hung = True
+    stopped.group = group
+    stopped.watched = [group]
+    stopped.hung = signum == "SIGSTOP"
     stopped.stop()
-    assert hung.poll() == -signal.SIGKILL
+    assert server.poll() == -signal.SIGKILL
     assert stopped.triton.stopped_while_counted_alive is False
