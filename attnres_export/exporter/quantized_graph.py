@@ -27,6 +27,7 @@ from attnres_export.backends.onnxruntime.runner import FLOAT_ACTIVATIONS
 from attnres_export.dtypes import torch_dtype
 from attnres_export.errors import ExportError
 from attnres_export.exporter.assemble import STORED
+from attnres_export.exporter.sibling_matmul_nbits import pack_siblings
 from attnres_export.exporter.staging import ComputedTensor
 from attnres_export.graphs.tensorrt_quantization import dequantize_problem
 from attnres_export.models.store.quantized import Blocked, QuantizedTensor
@@ -73,7 +74,7 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
     matrix with one scale per row (and no zero points) is written per channel (a 1-D scale), the form TensorRT
     takes for INT8 and FP8. With ``matmul_nbits``, an integer matrix that only ``MatMul``s read as their weight is
     written as ``com.microsoft.MatMulNBits`` with this ``accuracy_level`` (``FLOAT_ACTIVATIONS`` or
-    ``INT8_ACTIVATIONS``)."""
+    ``INT8_ACTIVATIONS``); those of one input are then one node (``sibling_matmul_nbits``)."""
     cache = _LastBlocks()
     export_type = from_torch_dtype(torch_dtype(dtype))
     done = QuantizedWeights(Counter(), 0, 0, Counter())
@@ -115,6 +116,9 @@ def keep_quantized(model: ir.Model, dtype: str, target: str, matmul_nbits: bool 
         done.formats[weight.format] += 1
         done.stored_bytes += sum(p.const_value.nbytes for p in parts if p is not None)
         done.parameters += math.prod(weight.shape)
+    if done.matmul_nbits:
+        stacked = pack_siblings(model.graph)
+        done.matmul_nbits = [(weight, block, stacked.get(b, b)) for weight, block, b in done.matmul_nbits]
     if done.formats:
         for opset in ("", "ai.onnx"):
             if model.graph.opset_imports.get(opset, MIN_OPSET) < MIN_OPSET:

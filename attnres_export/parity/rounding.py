@@ -52,9 +52,12 @@ def matmul_inputs(model: onnx.ModelProto) -> dict[str, str]:
     """The graph value each int8-activation weight's ``MatMulNBits`` reads as its input, by state_dict name (from the
     export's ``int8_activations`` record); weights whose node is inside a subgraph are left out."""
     written = export_info(model).get(INT8_ACTIVATIONS_KEY) or {}
-    by_packed = {entry["packed"]: name for name, entry in written.items()}
-    return {by_packed[node.input[1]]: node.input[0] for node in model.graph.node
-            if node.op_type == "MatMulNBits" and len(node.input) > 1 and node.input[1] in by_packed}
+    by_packed: dict[str, list[str]] = {}
+    for name, entry in written.items():  # one node may multiply several weights (sibling_matmul_nbits)
+        by_packed.setdefault(entry["packed"], []).append(name)
+    return {name: node.input[0] for node in model.graph.node
+            if node.op_type == "MatMulNBits" and len(node.input) > 1
+            for name in by_packed.get(node.input[1], [])}
 
 
 def with_probes(model: onnx.ModelProto, inputs: Mapping[str, str], choices: list[str]) -> onnx.ModelProto:

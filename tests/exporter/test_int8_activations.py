@@ -21,6 +21,8 @@ from tests.models.decoder.hf_bodies import hf_model, write_folder
 SIZES = {"hidden_size": 64, "intermediate_size": 96}
 PROJECTIONS = 21
 """3 layers x 7 projections (the head stays float)."""
+NODES = 15
+"""Their MatMulNBits, 5 a layer: query/key/value stacked (sibling_matmul_nbits), output, gate, up, down."""
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def test_int8_activations_write_accuracy_level_4_and_pass_against_the_reference_
                     "--int8-activations")
     assert result.exit_code == 0, result.output
     assert "onnxruntime+artifact-rounding" in result.output
-    assert matmul_nbits_levels(out) == [4] * PROJECTIONS
+    assert matmul_nbits_levels(out) == [4] * NODES
     blocks = export_info(onnx.load(str(out), load_external_data=False))[INT8_ACTIVATIONS_KEY]
     assert len(blocks) == PROJECTIONS and {entry["block"] for entry in blocks.values()} == {32}
     assert "model.layers.2.mlp.down_proj.weight" in blocks
@@ -59,7 +61,7 @@ def test_without_the_option_matmul_nbits_keeps_float32_activations(llama_folder,
     out = tmp_path / "a1.onnx"
     result = invoke("export", llama_folder, "--target", "onnxruntime", "-o", out, "--quantize", "int4", "--no-check")
     assert result.exit_code == 0, result.output
-    assert matmul_nbits_levels(out) == [1] * PROJECTIONS
+    assert matmul_nbits_levels(out) == [1] * NODES
     assert INT8_ACTIVATIONS_KEY not in export_info(onnx.load(str(out), load_external_data=False))
 
 

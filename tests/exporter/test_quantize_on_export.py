@@ -203,9 +203,23 @@ def test_the_onnxruntime_target_counts_the_matmul_nbits_it_writes_among_its_fuse
     assert result.exit_code == 0, result.output
     model = onnx.load(str(out), load_external_data=False)
     written = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
-    assert len(written) == 21  # 3 layers x 7 projections; the head stays float
-    assert "21 MatMulNBits" in result.output.split("ONNX Runtime fused ops:")[1].splitlines()[0]
+    assert len(written) == 15  # 3 layers x 7 projections in 5 nodes (sibling_matmul_nbits); the head stays float
+    assert "15 MatMulNBits" in result.output.split("ONNX Runtime fused ops:")[1].splitlines()[0]
+
     shown = invoke("inspect", out)
     assert shown.exit_code == 0, shown.output
     rows = shown.output.split("ONNX Runtime fused ops (com.microsoft)")[1]
-    assert ["MatMulNBits", "21"] in [line.split() for line in rows.splitlines()], rows
+    assert ["MatMulNBits", "15"] in [line.split() for line in rows.splitlines()], rows
+
+
+def test_the_with_past_onnxruntime_target_feeds_each_attention_its_stacked_query_key_value_projection(
+        llama_folder, tmp_path):
+    out = tmp_path / "q.onnx"
+    result = invoke("export", llama_folder, "--target", "onnxruntime", "--with-past", "-o", out, "--quantize", "int4")
+    assert result.exit_code == 0, result.output
+    model = onnx.load(str(out), load_external_data=False)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    attention = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == 3 and all(list(n.input[1:3]) == ["", ""] for n in attention)
+    stacked = [producers[n.input[0]] for n in attention]
+    assert all(n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["N"] == 128 for n in stacked)

@@ -65,6 +65,7 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
     from attnres_export.graphs.onnxruntime_ops.experts import mixture_of_experts
     from attnres_export.graphs.onnxruntime_ops.kda import causal_convolutions, linear_attention
     from attnres_export.graphs.onnxruntime_ops.norms import simplified_layer_norms, skip_layer_norms
+    from attnres_export.graphs.onnxruntime_ops.packed_qkv import packed_qkv
     from attnres_export.graphs.onnxruntime_ops.rotary import rotary_embeddings
 
     ops = OnnxRuntimeOps()
@@ -97,6 +98,8 @@ def to_onnxruntime(model: onnx.ModelProto, decompose: Callable[[onnx.ModelProto]
         if not ops.nodes["GroupQueryAttention"]:
             ops.kept.append("attention: this graph without past spells its attention another way than "
                             "GroupQueryAttention's pattern (or reads an attention_mask) and keeps it in standard ops")
+    if ops.nodes.get("GroupQueryAttention"):
+        packed_qkv(model)
     latent = _latent_attention_layers(model)
     if latent:
         ops.kept.append(f"attention: {len(latent)} latent-attention layer(s) stay in standard ops "
