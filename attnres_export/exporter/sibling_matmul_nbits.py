@@ -26,7 +26,7 @@ from attnres_export.exporter.staging import ComputedTensor
 _ATTRIBUTES = ("K", "bits", "block_size", "accuracy_level")
 MIN_MEMBERS = 3
 """A pair (a gated MLP's gate and up projections) is left as it is: its stack costs a ``Split`` for the one node it
-saves, and measured no faster (docs/quantization.md#one-matmulnbits-per-input)."""
+saves, and measured within 2% (docs/quantization.md#one-matmulnbits-per-input)."""
 
 
 def pack_siblings(graph: ir.Graph) -> dict[str, str]:

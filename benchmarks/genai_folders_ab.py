@@ -1,0 +1,54 @@
+"""Decode tokens/s of onnxruntime-genai folders against the first one, on one prompt, rounds interleaved.
+
+For comparing variants of one export (the same weights written two ways) where ``genai_decode.py``'s whole matrix
+is more than needed: each round runs every folder in turn on the same prompt (greedy, the folders' own
+``genai_config.json``), so load from other processes hits them alike; figures are medians over the rounds, ratios
+to the first folder. Pin it to one core for steadier figures (``taskset -c 1``). The prompt's token ids are drawn
+below ``--vocab``. Run from the repository root:
+    python benchmarks/genai_folders_ab.py BASE OTHER [OTHER ...] [--batches 1,8] [--prompt 32] [--new 96]
+        [--rounds 15] [--threads 1] [--vocab 32000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from genai_decode import generate, load
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, help="onnxruntime-genai folders; the first is the base")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (0: its default)")
+    parser.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn from [3, vocab)")
+    args = parser.parse_args()
+    if len(args.folders) < 2:
+        parser.error("give a base folder and at least one other")
+    models = [load(folder, args.threads or None) for folder in args.folders]
+    names = [folder.name for folder in args.folders]
+    width = max(len(n) for n in names)
+    print(f"{'folder':<{width}} {'batch':>5} {'tokens/s':>10} {'vs base':>8}")
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
+        prompt = prompt.astype(np.int32)
+        rates: list[list[float]] = [[] for _ in models]
+        for _ in range(args.rounds):
+            for model, rate in zip(models, rates, strict=True):
+                rate.append(generate(model, prompt, args.new)[1])
+        medians = [statistics.median(rate) for rate in rates]
+        for name, median in zip(names, medians, strict=True):
+            print(f"{name:<{width}} {batch:>5} {median:>10.1f} {median / medians[0]:>7.3f}x")
+
+
+if __name__ == "__main__":
+    main()
