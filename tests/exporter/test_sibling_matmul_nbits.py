@@ -37,8 +37,8 @@ def matmul_nbits(name: str, x: str, rows: int, rng: np.random.Generator, zero_po
 
 
 def model_of(zero_points: bool) -> onnx.ModelProto:
-    """x feeds q (48 rows), k and v (16 rows each), and a node of block size 16; y (width 96) feeds another; k's
-    scales are read by a second node too, so k stays."""
+    """x feeds q (48 rows), k and v (16 rows each), a pair of block size 16 (up, gate) and lone, whose scales an
+    Identity reads too; y (width 96) feeds another node. Only q, k and v are stacked."""
     rng = np.random.default_rng(0)
     nodes, weights = [], []
     for name, x, rows, block, k in [("q", "x", 48, BLOCK, K), ("k", "x", 16, BLOCK, K), ("v", "x", 16, BLOCK, K),
