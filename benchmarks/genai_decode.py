@@ -9,8 +9,9 @@ the builder needs) it makes:
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
-round running every folder in turn so that load from other processes hits them alike; figures are medians over
-the rounds; the ratios are ours / builder and attnres / standard. ``--profile`` adds an ONNX Runtime profile of one
+round running every folder in turn (in reversed order every other round) so that load from other processes and a
+folder's place in the round hit them alike; figures are medians over the rounds; the ratios (ours / builder and
+attnres / standard) are the medians of each round's paired ratio. ``--profile`` adds an ONNX Runtime profile of one
 decode per folder and batch: kernel time per decode step by op type (the ops that cost a difference).
 Run from the repository root:
     python benchmarks/genai_decode.py [--bodies llama,qwen3] [--precisions fp32,fp16,int4] [--batches 1,8]
@@ -239,8 +240,9 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
 
 
 def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -> dict[tuple[int, int], dict]:
-    """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens. A folder that
-    fails to generate at a batch is left out there, with a note."""
+    """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens, every round's
+    figures (for ``paired``). Each round runs the folders in turn, in reversed order every other round (a folder's
+    place in the round favours none). A folder that fails to generate at a batch is left out there, with a note."""
     models = [load(f.path, args.threads or None) for f in folders]
     samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
     for batch in batches:
@@ -255,18 +257,25 @@ def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -
                              f"fails ({str(exc).splitlines()[0][:300]})")
                 continue
             running.append(i)
-        for _ in range(args.repeats):
-            for i in running:
+        for round_ in range(args.repeats):
+            for i in running[::-1] if round_ % 2 else running:
                 samples[i, batch].append(generate(models[i], prompt, args.new))
     return {key: {"prefill_ms": 1e3 * statistics.median(s[0] for s in runs),
-                  "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2]}
+                  "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2],
+                  "rounds": [(s[0], s[1]) for s in runs]}
             for key, runs in samples.items()}
+
+
+def paired(run: dict, base: dict, index: int) -> float:
+    """The median over the rounds of ``run``'s figure ``index`` (0 prefill s, 1 decode tokens/s) over ``base``'s in
+    the same round: load that moves during the run hits both sides of each ratio alike."""
+    return statistics.median(a[index] / b[index] for a, b in zip(run["rounds"], base["rounds"], strict=True))
 
 
 def report(folders: list[Folder], results: dict, profiles: dict, notes: list[str], args) -> None:
     print(f"onnxruntime-genai {og.__version__}, {platform.processor() or platform.machine()}, "
           f"{args.kv_heads} key/value heads, threads {args.threads or 'default'}, prompt {args.prompt}, "
-          f"{args.new} new tokens, medians of {args.repeats} rounds")
+          f"{args.new} new tokens, medians of {args.repeats} rounds; ratios: medians of the rounds' paired ratios")
     for note in notes:
         print("  " + note)
     print(f"{'body':6} {'prec':5} {'folder':13} {'batch':>5} {'prefill ms':>11} {'decode tok/s':>13} "
@@ -295,10 +304,9 @@ def _row(folders: list[Folder], results: dict, index: int, batch: int) -> dict:
     return {
         "body": folder.body, "precision": folder.precision, "folder": folder.kind, "batch": batch,
         "prefill_ms": round(result["prefill_ms"], 2), "decode_tokens_per_s": round(result["decode_tokens_per_s"], 2),
-        "decode_vs_builder": round(result["decode_tokens_per_s"] / base["decode_tokens_per_s"], 3) if compared
-        else None,
-        "prefill_vs_builder": round(result["prefill_ms"] / base["prefill_ms"], 3) if compared else None,
-        "decode_vs_ours": round(result["decode_tokens_per_s"] / standard["decode_tokens_per_s"], 3)
+        "decode_vs_builder": round(paired(result, base, 1), 3) if compared else None,
+        "prefill_vs_builder": round(paired(result, base, 0), 3) if compared else None,
+        "decode_vs_ours": round(paired(result, standard, 1), 3)
         if standard is not None and folder.kind == "ours+attnres" else None,
         "same_tokens_as_builder": sum(a == b for a, b in zip(result["tokens"], base["tokens"], strict=False))
         if compared else None,

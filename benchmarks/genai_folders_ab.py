@@ -2,9 +2,11 @@
 
 For comparing variants of one export (the same weights written two ways) where ``genai_decode.py``'s whole matrix
 is more than needed: each round runs every folder in turn on the same prompt (greedy, the folders' own
-``genai_config.json``), so load from other processes hits them alike; figures are medians over the rounds, ratios
-to the first folder. Pin it to one core for steadier figures (``taskset -c 1``). The prompt's token ids are drawn
-below ``--vocab``. Run from the repository root:
+``genai_config.json``), in reversed order every other round, so load from other processes and a folder's place in
+the round hit them alike; figures are medians over the rounds. The ratio to the first folder is paired: each round's
+tokens/s over the first folder's in that round, their median and quartiles over the rounds (a spread that holds 1.0
+says the two are not told apart by this run). Pin it to one core for steadier figures (``taskset -c 1``). The
+prompt's token ids are drawn below ``--vocab``. Run from the repository root:
     python benchmarks/genai_folders_ab.py BASE OTHER [OTHER ...] [--batches 1,8] [--prompt 32] [--new 96]
         [--rounds 15] [--threads 1] [--vocab 32000]
 """
@@ -37,17 +39,20 @@ def main() -> None:
     models = [load(folder, args.threads or None) for folder in args.folders]
     names = [folder.name for folder in args.folders]
     width = max(len(n) for n in names)
-    print(f"{'folder':<{width}} {'batch':>5} {'tokens/s':>10} {'vs base':>8}")
+    print(f"{'folder':<{width}} {'batch':>5} {'tokens/s':>10} {'vs base':>8} {'quartiles':>15}")
     for batch in [int(b) for b in args.batches.split(",")]:
         prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
         prompt = prompt.astype(np.int32)
         rates: list[list[float]] = [[] for _ in models]
-        for _ in range(args.rounds):
-            for model, rate in zip(models, rates, strict=True):
-                rate.append(generate(model, prompt, args.new)[1])
-        medians = [statistics.median(rate) for rate in rates]
-        for name, median in zip(names, medians, strict=True):
-            print(f"{name:<{width}} {batch:>5} {median:>10.1f} {median / medians[0]:>7.3f}x")
+        for round_ in range(args.rounds):
+            order = list(range(len(models)))
+            for index in order[::-1] if round_ % 2 else order:
+                rates[index].append(generate(models[index], prompt, args.new)[1])
+        for name, rate in zip(names, rates, strict=True):
+            paired = [r / base for r, base in zip(rate, rates[0], strict=True)]
+            low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+            print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} {statistics.median(paired):>7.3f}x "
+                  f"{low:>6.3f}-{high:.3f}x")
 
 
 if __name__ == "__main__":

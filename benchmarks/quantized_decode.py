@@ -20,10 +20,11 @@
    - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (its defaults on CPU:
      RTN block 32, MatMulNBits ``accuracy_level`` 4), run by onnxruntime-genai.
    Decode tokens/s (greedy, fixed random prompt, ``--new`` tokens: one prefill then ``--new - 1`` cached steps, all
-   rows counted) at each batch; each round runs every model in turn so that load from other processes hits them
-   alike; medians over the rounds. Greedy-token agreement of the first row with the builder's over ``--new``
-   tokens is printed as information (the two quantize differently). The ``fp32`` and ``int4`` exports run in a child
-   process whose peak resident set (``VmHWM``, ``export_memory.run_child``) is the export peak memory.
+   rows counted) at each batch; each round runs every model in turn (in reversed order every other round) so that
+   load from other processes and a model's place in the round hit them alike; medians over the rounds, and each
+   ratio the median of the rounds' paired ratios. Greedy-token agreement of the first row with the builder's over
+   ``--new`` tokens is printed as information (the two quantize differently). The ``fp32`` and ``int4`` exports run
+   in a child process whose peak resident set (``VmHWM``, ``export_memory.run_child``) is the export peak memory.
 2. Kimi K3 layout: ``attnres example K3 --arch kimi-k3 --layers N`` (routed experts in MXFP4, compressed-tensors)
    exported as published (kept quantized: INT8 values -12..12 and float32 E8M0 scales per 32 in
    ``DequantizeLinear``), against a dequantized copy of the same folder (each MXFP4 weight read through the store,
@@ -157,8 +158,9 @@ def run_genai(model, prompt: np.ndarray, new: int) -> tuple[float, list[int]]:
 
 def measure(runners: dict[str, Callable], prompts: dict[int, np.ndarray], args, notes: list[str]
             ) -> dict[tuple[str, int], dict]:
-    """Warm-up, then ``args.repeats`` rounds of every runner in turn per batch; a runner that fails at a batch is
-    left out there with a note."""
+    """Warm-up, then ``args.repeats`` rounds of every runner in turn per batch (in reversed order every other round,
+    so that a runner's place in the round favours none); a runner that fails at a batch is left out there with a
+    note. Each result keeps its rounds' tokens/s for the paired ratios (``paired``)."""
     samples: dict[tuple[str, int], list] = collections.defaultdict(list)
     for b, prompt in prompts.items():
         running = []
@@ -169,11 +171,11 @@ def measure(runners: dict[str, Callable], prompts: dict[int, np.ndarray], args, 
                 notes.append(f"{name} batch {b}: fails ({str(exc).strip().splitlines()[0][:300]})")
                 continue
             running.append(name)
-        for _ in range(args.repeats):
-            for name in running:
+        for round_ in range(args.repeats):
+            for name in running[::-1] if round_ % 2 else running:
                 samples[name, b].append(runners[name](prompt, args.new))
-    return {key: {"tokens_per_s": statistics.median(s[0] for s in runs), "tokens": runs[-1][1]}
-            for key, runs in samples.items()}
+    return {key: {"tokens_per_s": statistics.median(s[0] for s in runs), "rounds": [s[0] for s in runs],
+                  "tokens": runs[-1][1]} for key, runs in samples.items()}
 
 
 def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes: list[str]) -> dict:
@@ -315,6 +317,19 @@ def ratio(a: float | None, b: float | None) -> str:
     return "" if not a or not b else f"{a / b:.2f}x"
 
 
+def paired(run: dict | None, base: dict | None) -> float | None:
+    """The median over the rounds of ``run``'s tokens/s over ``base``'s in the same round: load that moves during
+    the run hits both sides of each ratio alike."""
+    if not run or not base:
+        return None
+    return statistics.median(a / b for a, b in zip(run["rounds"], base["rounds"], strict=True))
+
+
+def paired_cell(run: dict | None, base: dict | None) -> str:
+    value = paired(run, base)
+    return "" if value is None else f"{value:.2f}x"
+
+
 def met(value: float, goal: float, above: bool) -> str:
     return "met" if (value >= goal if above else value <= goal) else "missed"
 
@@ -325,7 +340,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
           f"{onnxruntime.__version__} ({args.threads} intra-op threads), onnxruntime-genai {og.__version__}")
     print(f"# size {args.size}: " + ", ".join(f"{k} {v}" for k, v in size.items())
           + f"; prompt {args.prompt}, {args.new} new tokens ({args.new - 1} decode steps), medians of "
-            f"{args.repeats} interleaved rounds")
+            f"{args.repeats} interleaved rounds; ratios: medians of the rounds' paired ratios")
     for note in notes:
         print(f"#   note: {note}")
     print("\ndecode tokens/s (all rows), ONNX Runtime CPU; a1/a4: MatMulNBits accuracy_level 1 (float32 activations) "
@@ -344,8 +359,8 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
                 r, base, ref = d.get(f"{name} b{b}"), d.get(f"fp32 b{b}"), d.get(f"builder b{b}")
                 tps = r["tokens_per_s"] if r else None
                 cells.append(f"{tps:,.1f}" if tps else "fails")
-                cells.append(ratio(tps, base["tokens_per_s"] if base else None) if name != "fp32" else "")
-                cells.append(ratio(tps, ref["tokens_per_s"] if ref else None) if name != "builder" else "")
+                cells.append(paired_cell(r, base) if name != "fp32" else "")
+                cells.append(paired_cell(r, ref) if name != "builder" else "")
             r1, ref1 = d.get(f"{name} b{args.batches[0]}"), d.get(f"builder b{args.batches[0]}")
             same = (sum(a == c for a, c in zip(r1["tokens"], ref1["tokens"], strict=False))
                     if r1 and ref1 and name != "builder" else "")
@@ -367,16 +382,16 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
     b1 = args.batches[0]
     for body in bodies:
         d, e = body["decode"], body["exports"]
-        fp32 = d.get(f"fp32 b{b1}", {}).get("tokens_per_s")
-        ref = d.get(f"builder b{b1}", {}).get("tokens_per_s")
         for name in QUANTIZED_RUNS:
-            tps = d.get(f"{name} b{b1}", {}).get("tokens_per_s")
-            if tps and fp32:
-                print(f"- {body['body']} {name} over fp32 at b{b1}: {tps / fp32:.2f}x (goal >= "
-                      f"{GOALS['int4_vs_fp32_b1']}x: {met(tps / fp32, GOALS['int4_vs_fp32_b1'], True)})")
-            if tps and ref:
-                print(f"- {body['body']} {name} over builder at b{b1}: {tps / ref:.2f}x (goal >= "
-                      f"{GOALS['ours_vs_builder']}x: {met(tps / ref, GOALS['ours_vs_builder'], True)})")
+            over_fp32 = paired(d.get(f"{name} b{b1}"), d.get(f"fp32 b{b1}"))
+            if over_fp32:
+                print(f"- {body['body']} {name} over fp32 at b{b1}: {over_fp32:.2f}x (goal >= "
+                      f"{GOALS['int4_vs_fp32_b1']}x: {met(over_fp32, GOALS['int4_vs_fp32_b1'], True)})")
+            for b in args.batches:
+                over_builder = paired(d.get(f"{name} b{b}"), d.get(f"builder b{b}"))
+                if over_builder and (b == b1 or "genai" in name):
+                    print(f"- {body['body']} {name} over builder at b{b}: {over_builder:.2f}x (goal >= "
+                          f"{GOALS['ours_vs_builder']}x: {met(over_builder, GOALS['ours_vs_builder'], True)})")
         size_ratio = e["int4+emb fp16"]["bytes"] / e["fp16"]["bytes"]
         print(f"- {body['body']} int4+emb fp16 file over fp16: {size_ratio:.3f}x (goal <= {GOALS['size_vs_fp16']}x: "
               f"{met(size_ratio, GOALS['size_vs_fp16'], False)}); over the builder's: "
@@ -402,7 +417,7 @@ def report(bodies: list[dict], k3: dict | None, notes: list[str], args) -> None:
         for b in args.batches:
             r, base = k3["decode"].get(f"{name} b{b}"), k3["decode"].get(f"bf16 experts b{b}")
             cells += [f"{r['tokens_per_s']:,.1f}" if r else "fails",
-                      ratio(r["tokens_per_s"] if r else None, base["tokens_per_s"] if base else None)
+                      paired_cell(r, base)
                       if name != "bf16 experts" else ""]
         print(f"| {name} | {x['bytes'] / MIB:,.2f} | {x['wall_s']:.0f} | {x['peak_rss_mib']:,.0f} | "
               + " | ".join(cells) + " |")
