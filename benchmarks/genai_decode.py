@@ -9,7 +9,7 @@ the builder needs) it makes:
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
-round running every folder in turn (in reversed order every other round) so that load from other processes and a
+round running every folder in turn (rotated and reversed between rounds) so that load from other processes and a
 folder's place in the round hit them alike; figures are medians over the rounds; the ratios (ours / builder and
 attnres / standard) are the medians of each round's paired ratio. ``--profile`` adds an ONNX Runtime profile of one
 decode per folder and batch: kernel time per decode step by op type (the ops that cost a difference).
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 import torch
+from rounds import paired_median, round_order
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
          "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
@@ -241,8 +242,8 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
 
 def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -> dict[tuple[int, int], dict]:
     """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens, every round's
-    figures (for ``paired``). Each round runs the folders in turn, in reversed order every other round (a folder's
-    place in the round favours none). A folder that fails to generate at a batch is left out there, with a note."""
+    figures (for ``paired``). Each round runs the folders in turn, in ``rounds.round_order`` (a folder's place in
+    the round favours none). A folder that fails to generate at a batch is left out there, with a note."""
     models = [load(f.path, args.threads or None) for f in folders]
     samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
     for batch in batches:
@@ -258,7 +259,8 @@ def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -
                 continue
             running.append(i)
         for round_ in range(args.repeats):
-            for i in running[::-1] if round_ % 2 else running:
+            for place in round_order(len(running), round_):
+                i = running[place]
                 samples[i, batch].append(generate(models[i], prompt, args.new))
     return {key: {"prefill_ms": 1e3 * statistics.median(s[0] for s in runs),
                   "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2],
@@ -269,7 +271,7 @@ def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -
 def paired(run: dict, base: dict, index: int) -> float:
     """The median over the rounds of ``run``'s figure ``index`` (0 prefill s, 1 decode tokens/s) over ``base``'s in
     the same round: load that moves during the run hits both sides of each ratio alike."""
-    return statistics.median(a[index] / b[index] for a, b in zip(run["rounds"], base["rounds"], strict=True))
+    return paired_median([r[index] for r in run["rounds"]], [r[index] for r in base["rounds"]])
 
 
 def report(folders: list[Folder], results: dict, profiles: dict, notes: list[str], args) -> None:

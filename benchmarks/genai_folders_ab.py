@@ -2,8 +2,9 @@
 
 For comparing variants of one export (the same weights written two ways) where ``genai_decode.py``'s whole matrix
 is more than needed: each round runs every folder in turn on the same prompt (greedy, the folders' own
-``genai_config.json``), in reversed order every other round, so load from other processes and a folder's place in
-the round hit them alike; figures are medians over the rounds. The ratio to the first folder is paired: each round's
+``genai_config.json``), rotated every two rounds and reversed every other round (``rounds.round_order``: with
+three folders, six rounds run all six orders), so load from other processes and a folder's place in the round hit
+them alike; figures are medians over the rounds. The ratio to the first folder is paired: each round's
 tokens/s over the first folder's in that round, their median and quartiles over the rounds (a spread that holds 1.0
 says the two are not told apart by this run). Pin it to one core for steadier figures (``taskset -c 1``). The
 prompt's token ids are drawn below ``--vocab``. Run from the repository root:
@@ -22,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from genai_decode import generate, load
+from rounds import paired_ratios, round_order
 
 
 def main() -> None:
@@ -45,11 +47,10 @@ def main() -> None:
         prompt = prompt.astype(np.int32)
         rates: list[list[float]] = [[] for _ in models]
         for round_ in range(args.rounds):
-            order = list(range(len(models)))
-            for index in order[::-1] if round_ % 2 else order:
+            for index in round_order(len(models), round_):
                 rates[index].append(generate(models[index], prompt, args.new)[1])
         for name, rate in zip(names, rates, strict=True):
-            paired = [r / base for r, base in zip(rate, rates[0], strict=True)]
+            paired = paired_ratios(rate, rates[0])
             low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
             print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} {statistics.median(paired):>7.3f}x "
                   f"{low:>6.3f}-{high:.3f}x")

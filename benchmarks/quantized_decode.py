@@ -20,7 +20,7 @@
    - ``builder``: ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (its defaults on CPU:
      RTN block 32, MatMulNBits ``accuracy_level`` 4), run by onnxruntime-genai.
    Decode tokens/s (greedy, fixed random prompt, ``--new`` tokens: one prefill then ``--new - 1`` cached steps, all
-   rows counted) at each batch; each round runs every model in turn (in reversed order every other round) so that
+   rows counted) at each batch; each round runs every model in turn (rotated and reversed between rounds) so that
    load from other processes and a model's place in the round hit them alike; medians over the rounds, and each
    ratio the median of the rounds' paired ratios. Greedy-token agreement of the first row with the builder's over
    ``--new`` tokens is printed as information (the two quantize differently). The ``fp32`` and ``int4`` exports run
@@ -62,6 +62,7 @@ from family_decode import run_decoder as family_run_decoder
 from genai_decode import _tokenizer
 from genai_decode import generate as genai_generate
 from genai_decode import load as genai_load
+from rounds import paired_median, round_order
 
 SIZES = {
     "0.5b": {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 4096, "num_attention_heads": 16,
@@ -158,8 +159,8 @@ def run_genai(model, prompt: np.ndarray, new: int) -> tuple[float, list[int]]:
 
 def measure(runners: dict[str, Callable], prompts: dict[int, np.ndarray], args, notes: list[str]
             ) -> dict[tuple[str, int], dict]:
-    """Warm-up, then ``args.repeats`` rounds of every runner in turn per batch (in reversed order every other round,
-    so that a runner's place in the round favours none); a runner that fails at a batch is left out there with a
+    """Warm-up, then ``args.repeats`` rounds of every runner in turn per batch (in ``rounds.round_order``, so that a
+    runner's place in the round favours none); a runner that fails at a batch is left out there with a
     note. Each result keeps its rounds' tokens/s for the paired ratios (``paired``)."""
     samples: dict[tuple[str, int], list] = collections.defaultdict(list)
     for b, prompt in prompts.items():
@@ -172,7 +173,8 @@ def measure(runners: dict[str, Callable], prompts: dict[int, np.ndarray], args, 
                 continue
             running.append(name)
         for round_ in range(args.repeats):
-            for name in running[::-1] if round_ % 2 else running:
+            for place in round_order(len(running), round_):
+                name = running[place]
                 samples[name, b].append(runners[name](prompt, args.new))
     return {key: {"tokens_per_s": statistics.median(s[0] for s in runs), "rounds": [s[0] for s in runs],
                   "tokens": runs[-1][1]} for key, runs in samples.items()}
@@ -322,7 +324,7 @@ def paired(run: dict | None, base: dict | None) -> float | None:
     the run hits both sides of each ratio alike."""
     if not run or not base:
         return None
-    return statistics.median(a / b for a, b in zip(run["rounds"], base["rounds"], strict=True))
+    return paired_median(run["rounds"], base["rounds"])
 
 
 def paired_cell(run: dict | None, base: dict | None) -> str:
