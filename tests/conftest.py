@@ -18,6 +18,9 @@ os.environ["COLUMNS"] = "160"
 # Every export in the tests traces its pieces: a trace read from a cache that another run left would test the cache,
 # not the code under test (tests/exporter/test_trace_cache.py opts in, with a folder of its own per test).
 os.environ["ATTNRES_TRACE_CACHE"] = "off"
+# Under the test runner no output is a terminal, so long work would print its progress as lines on stderr
+# (cli/progress.py) before a refusal's one line; tests/cli/test_progress.py switches them back on.
+os.environ["ATTNRES_PROGRESS"] = "off"
 
 SMALL = {"vocab_size": 97, "d_model": 32, "n_heads": 4, "d_ff": 48, "max_seq_len": 64}
 

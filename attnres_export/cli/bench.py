@@ -10,6 +10,7 @@ import typer
 
 from attnres_export.cli.framework import app, command, console
 from attnres_export.cli.options import AllowEngineHostCode, Plugin, Shapes, parse_shapes
+from attnres_export.cli.progress import progress
 from attnres_export.errors import AttnresError
 
 
@@ -40,7 +41,7 @@ def bench(
         opened = [stack.enter_context(_Opened(p, plugin, allow_engine_host_code)) for p in paths]
         run_shapes = wanted_shapes or [opened[0].default_shape()]
         per_shape = []
-        with console.status(f"timing {iterations} iterations after {warmup} warm-up"):
+        with progress(f"timing {iterations} iterations after {warmup} warm-up"):
             for shape in run_shapes:
                 per_shape.append([o.workload(shape, cuda_graph) for o in opened])
                 measure(per_shape[-1], iterations, warmup)

@@ -11,6 +11,7 @@ from attnres_export.atomic import check_outputs
 from attnres_export.backends.tensorrt.manifest import manifest_path
 from attnres_export.cli.framework import app, command, console, err_console
 from attnres_export.cli.options import Plugin, parse_range
+from attnres_export.cli.progress import progress
 
 
 @command(app)
@@ -41,8 +42,8 @@ def build(
     check_outputs({"-o": engine, "--timing-cache": timing_cache, "manifest": manifest_path(engine)},
                   {"ONNX": onnx, "--plugin": plugin})
     try:
-        with console.status("building") as status:
-            result = build_engine(opts, status=lambda text: status.update(text))
+        with progress("building") as status:
+            result = build_engine(opts, status=status)
     except PreflightFailed as failed:
         for line in failed.result.lines():
             err_console.print(line)

@@ -24,6 +24,7 @@ from attnres_export.cli.options import (
     parse_tolerances,
     require_files,
 )
+from attnres_export.cli.progress import progress
 from attnres_export.errors import AttnresError
 
 
@@ -59,11 +60,11 @@ def check(
     from attnres_export.cli.render import replay_lines, report_table
     from attnres_export.parity.check import check_artifacts
 
-    with console.status("checking") as status:
+    with progress("checking") as status:
         result = check_artifacts(model, onnx or [], engine or [], shapes=[tuple(s) for s in shapes or []], seed=seed,
                                  tolerances=parse_tolerances(tol), ort_provider=ort_provider, plugin=plugin,
                                  allow_engine_host_code=allow_engine_host_code, engine_dtype=engine_dtype,
-                                 status=status.update)
+                                 status=status)
     console.print(report_table(result.report))
     if save_polygraphy is not None:
         from attnres_export.parity.polygraphy_io import save_replays

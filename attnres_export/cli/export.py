@@ -36,6 +36,7 @@ from attnres_export.cli.options import (
     range_option,
     require_files,
 )
+from attnres_export.cli.progress import progress
 from attnres_export.dims import DimRange
 from attnres_export.exporter.export import model_kind
 from attnres_export.exporter.options import (
@@ -149,17 +150,17 @@ def export(
     from attnres_export.exporter.foreign import ForeignExportResult, ForeignOptions
 
     foreign = ForeignOptions(parse_example_shapes(example_shape), trust_pickle, strict, imports or [], vocab)
-    with console.status("exporting") as status:
+    with progress("exporting") as status:
         if hf_onnx is not None:
             from attnres_export.exporter.hf_onnx import export_hf_onnx
 
-            result = export_hf_onnx(opts, hf_onnx, foreign, status=lambda text: status.update(text))
+            result = export_hf_onnx(opts, hf_onnx, foreign, status=status)
         elif genai is None:
-            result = export_any(opts, foreign, status=lambda text: status.update(text))
+            result = export_any(opts, foreign, status=status)
         else:
             from attnres_export.exporter.genai import export_genai
 
-            result = export_genai(opts, genai, foreign, status=lambda text: status.update(text))
+            result = export_genai(opts, genai, foreign, status=status)
     if isinstance(result, ForeignExportResult) and result.fusion is not None:
         console.print(fusion_table(result.fusion))
         for warning in fusion_warnings(result.fusion):

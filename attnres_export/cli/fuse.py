@@ -11,6 +11,7 @@ import typer
 from attnres_export.atomic import check_outputs
 from attnres_export.cli.framework import app, command, console, err_console, fail
 from attnres_export.cli.options import ExampleShape, ReportPath, Seed, Strict, Vocab, file_size, parse_example_shapes
+from attnres_export.cli.progress import progress
 
 
 @command(app)
@@ -36,7 +37,7 @@ def fuse(
     check_outputs({**export_outputs(output), "--report": report}, {"MODEL": model})
     original = load_onnx(model)
     shapes = {name: dims for name, (dims, _) in parse_example_shapes(example_shape).items()}
-    with console.status("finding and verifying aggregations"):
+    with progress("finding and verifying aggregations"):
         fusion, parity = fuse_and_check(original, random_feeds(original, seed, shapes, vocab), seed=seed)
     console.print(fusion_table(fusion))
     for warning in fusion_warnings(fusion):
