@@ -36,6 +36,7 @@ import numpy as np
 import onnxruntime
 import torch
 import transformers
+from rounds import Workers, round_order
 
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_linear")
 BACKENDS = ("onnxruntime", "ort-fused", "ours-eager", "transformers")
@@ -195,15 +196,33 @@ def run_transformers(model, prompt: np.ndarray, new: int) -> Timing:
 
 @dataclass
 class Variant:
-    """One row group: a folder, its export, and the three runners on it."""
+    """One row group: a folder, its export, and the runners on it, each as the arguments of ``make_runner``."""
 
     name: str
     family: str
     attnres: bool
     parameters: int
     export_s: float
-    runners: dict[str, Callable[[np.ndarray, int], Timing]]
+    runners: dict[str, tuple[str, Path, int]]
     times: dict[tuple[str, int], list[Timing]] = field(default_factory=dict)
+
+
+def make_runner(backend: str, path: Path, threads: int) -> Callable[[np.ndarray, int], tuple]:
+    """A worker's runner (``rounds.Workers``), built in the worker: ``path`` is the with-past ONNX of the ONNX
+    Runtime backends, the checkpoint folder of ``ours-eager`` and the plain folder of ``transformers``. It returns
+    a ``Timing``'s fields (a class of a spawned child's main module does not unpickle in its parent)."""
+    from dataclasses import astuple
+
+    from attnres_export.decode.generate import onnx_decoder, torch_decoder
+    from attnres_export.models import load_checkpoint
+
+    torch.set_num_threads(threads)
+    if backend == "transformers":
+        model = load_hf(path)
+        return lambda prompt, new: astuple(run_transformers(model, prompt, new))
+    decoder = torch_decoder(load_checkpoint(path)[0]) if backend == "ours-eager" else onnx_decoder(path,
+                                                                                                    threads=threads)
+    return lambda prompt, new: astuple(run_decoder(decoder, prompt, new))
 
 
 def load_hf(folder: Path):
@@ -216,8 +235,7 @@ def load_hf(folder: Path):
 
 
 def prepare(family: str, attnres: bool, plain: Path, work: Path, args) -> Variant:
-    """Export ``plain`` (or its ``+attnres`` copy) and make its three runners."""
-    from attnres_export.decode.generate import onnx_decoder, torch_decoder
+    """Export ``plain`` (or its ``+attnres`` copy) and name its runners."""
     from attnres_export.models import load_checkpoint
 
     folder = plain
@@ -228,33 +246,29 @@ def prepare(family: str, attnres: bool, plain: Path, work: Path, args) -> Varian
     export_s = export_with_past(folder, onnx_path, args.prompt, args.prompt + args.new, max(args.batches))
     fused_path = work / f"{folder.name}.with-past.ort.onnx"
     export_with_past(folder, fused_path, args.prompt, args.prompt + args.new, max(args.batches), "onnxruntime")
-    model, _ = load_checkpoint(folder)
-    parameters = sum(p.numel() for p in model.parameters())
-    ours = torch_decoder(model)
-    ort = onnx_decoder(onnx_path, threads=args.threads)
-    fused = onnx_decoder(fused_path, threads=args.threads)
-    hf = load_hf(plain)
-    runners = {"onnxruntime": lambda p, n: run_decoder(ort, p, n),
-               "ort-fused": lambda p, n: run_decoder(fused, p, n),
-               "ours-eager": lambda p, n: run_decoder(ours, p, n),
-               "transformers": lambda p, n: run_transformers(hf, p, n)}
+    parameters = sum(p.numel() for p in load_checkpoint(folder)[0].parameters())
+    runners = {"onnxruntime": ("onnxruntime", onnx_path, args.threads),
+               "ort-fused": ("ort-fused", fused_path, args.threads),
+               "ours-eager": ("ours-eager", folder, args.threads),
+               "transformers": ("transformers", plain, args.threads)}
     return Variant(folder.name, family, attnres, parameters, export_s, runners)
 
 
 def measure(variants: list[Variant], prompts: dict[int, np.ndarray], args, skip: set[str]) -> None:
-    """Warm-up, then ``args.repeats`` rounds; in each, per batch, every backend of every variant in turn."""
-    for v in variants:
+    """Every runner of every variant in a worker process of its own (``rounds.Workers``: in one process the order
+    models are loaded in moves their speed); warm-up, then ``args.repeats`` rounds, in each, per batch, every runner
+    in turn in ``rounds.round_order``."""
+    keys = [(v, name) for v in variants for name in v.runners if name not in skip]
+    with Workers(make_runner, [v.runners[name] for v, name in keys]) as workers:
         for b, prompt in prompts.items():
-            for name, run in v.runners.items():
-                if name not in skip:
-                    run(prompt, 2)
-                    v.times[(name, b)] = []
-    for _ in range(args.repeats):
-        for b, prompt in prompts.items():
-            for v in variants:
-                for name, run in v.runners.items():
-                    if name not in skip:
-                        v.times[(name, b)].append(run(prompt, args.new))
+            for index, (v, name) in enumerate(keys):
+                workers(index, prompt, 2)
+                v.times[(name, b)] = []
+        for round_ in range(args.repeats):
+            for b, prompt in prompts.items():
+                for index in round_order(len(keys), round_):
+                    v, name = keys[index]
+                    v.times[(name, b)].append(Timing(*workers(index, prompt, args.new)))
 
 
 def load_average() -> str:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,12 @@ def load(folder: Path, threads: int | None, profile: str | None = None) -> og.Mo
     if session:
         config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
     return og.Model(config)
+
+
+def generator(folder: Path, threads: int | None) -> Callable[[np.ndarray, int], tuple[float, float, list[int]]]:
+    """A worker's runner (``rounds.Workers``): the folder's model, loaded in the worker, generating greedily."""
+    model = load(folder, threads)
+    return lambda prompt, new: generate(model, prompt, new)
 
 
 def generate(model: og.Model, prompt: np.ndarray, new: int) -> tuple[float, float, list[int]]:

@@ -6,8 +6,10 @@ is more than needed: each round runs every folder in turn on the same prompt (gr
 three folders, six rounds run all six orders), so load from other processes and a folder's place in the round hit
 them alike; figures are medians over the rounds. The ratio to the first folder is paired: each round's
 tokens/s over the first folder's in that round, their median and quartiles over the rounds (a spread that holds 1.0
-says the two are not told apart by this run). Pin it to one core for steadier figures (``taskset -c 1``). The
-prompt's token ids are drawn below ``--vocab``. Run from the repository root:
+says the two are not told apart by this run). Each folder runs in a process of its own (``rounds.Workers``: in one
+process the order models are loaded in moves their speed). Pin it to one core for steadier figures
+(``taskset -c 1``; the workers inherit it). The prompt's token ids are drawn below ``--vocab``. Run from the
+repository root:
     python benchmarks/genai_folders_ab.py BASE OTHER [OTHER ...] [--batches 1,8] [--prompt 32] [--new 96]
         [--rounds 15] [--threads 1] [--vocab 32000]
 """
@@ -22,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from genai_decode import generate, load
-from rounds import paired_ratios, round_order
+from genai_decode import generator
+from rounds import Workers, paired_ratios, round_order
 
 
 def main() -> None:
@@ -38,22 +40,25 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.folders) < 2:
         parser.error("give a base folder and at least one other")
-    models = [load(folder, args.threads or None) for folder in args.folders]
+    workers = Workers(generator, [(folder, args.threads or None) for folder in args.folders])
     names = [folder.name for folder in args.folders]
     width = max(len(n) for n in names)
     print(f"{'folder':<{width}} {'batch':>5} {'tokens/s':>10} {'vs base':>8} {'quartiles':>15}")
     for batch in [int(b) for b in args.batches.split(",")]:
         prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
         prompt = prompt.astype(np.int32)
-        rates: list[list[float]] = [[] for _ in models]
+        rates: list[list[float]] = [[] for _ in args.folders]
+        for index in range(len(workers)):  # warm-up: the first run of a model allocates
+            workers(index, prompt, 4)
         for round_ in range(args.rounds):
-            for index in round_order(len(models), round_):
-                rates[index].append(generate(models[index], prompt, args.new)[1])
+            for index in round_order(len(workers), round_):
+                rates[index].append(workers(index, prompt, args.new)[1])
         for name, rate in zip(names, rates, strict=True):
             paired = paired_ratios(rate, rates[0])
             low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
             print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} {statistics.median(paired):>7.3f}x "
                   f"{low:>6.3f}-{high:.3f}x")
+    workers.close()
 
 
 if __name__ == "__main__":

@@ -36,11 +36,8 @@ from family_decode import (
     Variant,
     add_attnres,
     load_average,
-    load_hf,
     measure,
     print_tables,
-    run_decoder,
-    run_transformers,
     summarize,
     write_hf_folder,
 )
@@ -80,8 +77,6 @@ def export_child(folder: Path, out: Path, prompt: int, total: int, max_batch: in
 
 
 def prepare(name: str, folder: Path, plain: Path, parameters: int, work: Path, args) -> tuple[Variant, dict]:
-    from attnres_export.decode.generate import onnx_decoder
-
     onnx_path = work / f"{name}.with-past.onnx"
     export = export_child(folder, onnx_path, args.prompt, args.prompt + args.new, max(args.batches), args.check)
     print(f"# {name}: {parameters:,} parameters; export {export['wall_s']:.1f} s wall, {export['cpu_s']:.1f} s CPU, "
@@ -92,12 +87,9 @@ def prepare(name: str, folder: Path, plain: Path, parameters: int, work: Path, a
         return Variant(name, "kimi_linear", folder != plain, parameters, export["wall_s"], {}), export
     fused_path = work / f"{name}.with-past.ort.onnx"
     export_child(folder, fused_path, args.prompt, args.prompt + args.new, max(args.batches), args.check, "onnxruntime")
-    ort = onnx_decoder(onnx_path, threads=args.threads)
-    fused = onnx_decoder(fused_path, threads=args.threads)
-    hf = load_hf(plain)
-    runners = {"onnxruntime": lambda p, n: run_decoder(ort, p, n),
-               "ort-fused": lambda p, n: run_decoder(fused, p, n),
-               "transformers": lambda p, n: run_transformers(hf, p, n)}
+    runners = {"onnxruntime": ("onnxruntime", onnx_path, args.threads),
+               "ort-fused": ("ort-fused", fused_path, args.threads),
+               "transformers": ("transformers", plain, args.threads)}
     return Variant(name, "kimi_linear", folder != plain, parameters, export["wall_s"], runners), export
 
 

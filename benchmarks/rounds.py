@@ -3,8 +3,10 @@ ratios paired within a round (load that moves during a run hits both sides of ea
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def round_order(count: int, round_: int) -> list[int]:
@@ -24,3 +26,64 @@ def paired_ratios(runs: Sequence[float], bases: Sequence[float]) -> list[float]:
 def paired_median(runs: Sequence[float], bases: Sequence[float]) -> float:
     """The median over the rounds of the paired ratios."""
     return statistics.median(paired_ratios(runs, bases))
+
+
+class Workers:
+    """One child process per runner, each holding only its own model, driven in rounds from here. In one process the
+    order models are loaded in moves their speed: of three sessions of the same with-past ONNX the last loaded
+    decoded 1.10-1.20x the first, and the first model onnxruntime-genai loads decoded 8-14% slower than any after it
+    (docs/benchmarks.md#seventh-run-one-process-per-folder-2026-12-04); a user's process holds one model, and so
+    does each worker. ``make(*spec)`` (a module-level function, as a spawned child imports it) builds a runner in
+    the child; calling ``workers(i, *args)`` runs runner ``i`` there and returns what it returned."""
+
+    def __init__(self, make: Callable[..., Callable], specs: Sequence[tuple]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipes: list = []
+        self._processes: list = []
+        for spec in specs:
+            here, there = context.Pipe()
+            process = context.Process(target=_serve, args=(make, spec, there), daemon=True)
+            process.start()
+            self._pipes.append(here)
+            self._processes.append(process)
+        for index in range(len(specs)):
+            self._answer(index)
+
+    def __len__(self) -> int:
+        return len(self._pipes)
+
+    def __call__(self, index: int, *args: Any) -> Any:
+        self._pipes[index].send(args)
+        return self._answer(index)
+
+    def _answer(self, index: int) -> Any:
+        ok, value = self._pipes[index].recv()
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        for pipe, process in zip(self._pipes, self._processes, strict=True):
+            pipe.send(None)
+            process.join(timeout=60)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _serve(make: Callable[..., Callable], spec: tuple, pipe) -> None:
+    """The child: build the runner, say it is ready, then run it for each request until told to stop."""
+    try:
+        run = make(*spec)
+    except Exception as exc:  # sent to the parent, which raises it there
+        pipe.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    pipe.send((True, None))
+    while (args := pipe.recv()) is not None:
+        try:
+            pipe.send((True, run(*args)))
+        except Exception as exc:  # one failed run is the parent's to report; the child keeps serving
+            pipe.send((False, f"{type(exc).__name__}: {exc}"))
