@@ -9,10 +9,11 @@ the builder needs) it makes:
 - ``ours+attnres``: the same folder with K3's Attention Residuals keys added (``attn_res_block_size`` and the
   per-layer ``*_res_norm``/``*_res_proj`` weights), read as Block AttnRes.
 It times prefill (``append_tokens`` of the prompt) and greedy decode (tokens/s over all rows) at each batch, each
-round running every folder in turn (rotated and reversed between rounds) so that load from other processes and a
-folder's place in the round hit them alike; figures are medians over the rounds; the ratios (ours / builder and
-attnres / standard) are the medians of each round's paired ratio. ``--profile`` adds an ONNX Runtime profile of one
-decode per folder and batch: kernel time per decode step by op type (the ops that cost a difference).
+round running every folder (each in a process of its own) in turn, rotated and reversed between rounds, so that load
+from other processes and a folder's place in the round hit them alike; figures are medians over the rounds; the
+ratios (ours / builder and attnres / standard) are the medians of each round's paired ratio. ``--profile`` adds an
+ONNX Runtime profile of one decode per folder and batch: kernel time per decode step by op type (the ops that cost
+a difference).
 Run from the repository root:
     python benchmarks/genai_decode.py [--bodies llama,qwen3] [--precisions fp32,fp16,int4] [--batches 1,8]
         [--prompt 128] [--new 64] [--repeats 3] [--threads N] [--profile] [--json OUT.json]
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 import torch
-from rounds import paired_median, round_order
+from rounds import Workers, paired_median, round_order
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
          "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
@@ -249,26 +250,27 @@ def build_folders(args, batches: list[int], scratch: Path) -> tuple[list[Folder]
 
 def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -> dict[tuple[int, int], dict]:
     """Per (folder index, batch): median prefill ms, median decode tokens/s, the first row's tokens, every round's
-    figures (for ``paired``). Each round runs the folders in turn, in ``rounds.round_order`` (a folder's place in
-    the round favours none). A folder that fails to generate at a batch is left out there, with a note."""
-    models = [load(f.path, args.threads or None) for f in folders]
+    figures (for ``paired``). Each folder runs in a worker process of its own (``rounds.Workers``: in one process the
+    order models are loaded in moves their speed); each round runs the folders in turn, in ``rounds.round_order`` (a
+    folder's place in the round favours none). A folder that fails to generate at a batch is left out there, with a
+    note."""
     samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
-    for batch in batches:
-        prompt = prompt_ids(batch, args.prompt)
-        running = []
-        for i, model in enumerate(models):  # warm-up: the first run of a session allocates
-            try:
-                generate(model, prompt, 4)
-            except RuntimeError as exc:
-                folder = folders[i]
-                notes.append(f"{folder.body} {folder.precision} {folder.kind} batch {batch}: onnxruntime-genai "
-                             f"fails ({str(exc).splitlines()[0][:300]})")
-                continue
-            running.append(i)
-        for round_ in range(args.repeats):
-            for place in round_order(len(running), round_):
-                i = running[place]
-                samples[i, batch].append(generate(models[i], prompt, args.new))
+    with Workers(generator, [(f.path, args.threads or None) for f in folders]) as workers:
+        for batch in batches:
+            prompt = prompt_ids(batch, args.prompt)
+            running = []
+            for i, folder in enumerate(folders):  # warm-up: the first run of a session allocates
+                try:
+                    workers(i, prompt, 4)
+                except RuntimeError as exc:
+                    notes.append(f"{folder.body} {folder.precision} {folder.kind} batch {batch}: onnxruntime-genai "
+                                 f"fails ({str(exc).splitlines()[0][:300]})")
+                    continue
+                running.append(i)
+            for round_ in range(args.repeats):
+                for place in round_order(len(running), round_):
+                    i = running[place]
+                    samples[i, batch].append(workers(i, prompt, args.new))
     return {key: {"prefill_ms": 1e3 * statistics.median(s[0] for s in runs),
                   "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2],
                   "rounds": [(s[0], s[1]) for s in runs]}

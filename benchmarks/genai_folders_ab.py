@@ -7,11 +7,12 @@ three folders, six rounds run all six orders), so load from other processes and 
 them alike; figures are medians over the rounds. The ratio to the first folder is paired: each round's
 tokens/s over the first folder's in that round, their median and quartiles over the rounds (a spread that holds 1.0
 says the two are not told apart by this run). Each folder runs in a process of its own (``rounds.Workers``: in one
-process the order models are loaded in moves their speed). Pin it to one core for steadier figures
+process the order models are loaded in moves their speed; ``--same-process`` loads them all here, in order, to show
+it). Pin it to one core for steadier figures
 (``taskset -c 1``; the workers inherit it). The prompt's token ids are drawn below ``--vocab``. Run from the
 repository root:
     python benchmarks/genai_folders_ab.py BASE OTHER [OTHER ...] [--batches 1,8] [--prompt 32] [--new 96]
-        [--rounds 15] [--threads 1] [--vocab 32000]
+        [--rounds 15] [--threads 1] [--vocab 32000] [--same-process]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from genai_decode import generator
-from rounds import Workers, paired_ratios, round_order
+from rounds import InProcess, Workers, paired_ratios, round_order
 
 
 def main() -> None:
@@ -37,28 +38,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (0: its default)")
     parser.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn from [3, vocab)")
+    parser.add_argument("--same-process", action="store_true",
+                        help="load every folder in this process, in order (what the load order does to speed)")
     args = parser.parse_args()
     if len(args.folders) < 2:
         parser.error("give a base folder and at least one other")
-    workers = Workers(generator, [(folder, args.threads or None) for folder in args.folders])
     names = [folder.name for folder in args.folders]
     width = max(len(n) for n in names)
     print(f"{'folder':<{width}} {'batch':>5} {'tokens/s':>10} {'vs base':>8} {'quartiles':>15}")
-    for batch in [int(b) for b in args.batches.split(",")]:
-        prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
-        prompt = prompt.astype(np.int32)
-        rates: list[list[float]] = [[] for _ in args.folders]
-        for index in range(len(workers)):  # warm-up: the first run of a model allocates
-            workers(index, prompt, 4)
-        for round_ in range(args.rounds):
-            for index in round_order(len(workers), round_):
-                rates[index].append(workers(index, prompt, args.new)[1])
-        for name, rate in zip(names, rates, strict=True):
-            paired = paired_ratios(rate, rates[0])
-            low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
-            print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} {statistics.median(paired):>7.3f}x "
-                  f"{low:>6.3f}-{high:.3f}x")
-    workers.close()
+    kind = InProcess if args.same_process else Workers
+    with kind(generator, [(folder, args.threads or None) for folder in args.folders]) as runners:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
+            prompt = prompt.astype(np.int32)
+            rates: list[list[float]] = [[] for _ in args.folders]
+            for index in range(len(runners)):  # warm-up: the first run of a model allocates
+                runners(index, prompt, 4)
+            for round_ in range(args.rounds):
+                for index in round_order(len(runners), round_):
+                    rates[index].append(runners(index, prompt, args.new)[1])
+            for name, rate in zip(names, rates, strict=True):
+                paired = paired_ratios(rate, rates[0])
+                low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+                print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} "
+                      f"{statistics.median(paired):>7.3f}x {low:>6.3f}-{high:.3f}x", flush=True)
 
 
 if __name__ == "__main__":

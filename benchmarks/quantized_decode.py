@@ -62,7 +62,7 @@ from family_decode import run_decoder as family_run_decoder
 from genai_decode import _tokenizer
 from genai_decode import generate as genai_generate
 from genai_decode import load as genai_load
-from rounds import paired_median, round_order
+from rounds import Workers, paired_median, round_order
 
 SIZES = {
     "0.5b": {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 4096, "num_attention_heads": 16,
@@ -157,25 +157,39 @@ def run_genai(model, prompt: np.ndarray, new: int) -> tuple[float, list[int]]:
     return tokens_per_s, tokens
 
 
-def measure(runners: dict[str, Callable], prompts: dict[int, np.ndarray], args, notes: list[str]
+def make_runner(kind: str, path: Path, threads: int, accuracy: int) -> Callable[[np.ndarray, int], tuple]:
+    """A worker's runner (``rounds.Workers``), built in the worker: ``genai`` an onnxruntime-genai folder, ``ort``
+    our decoder on a with-past ONNX at ``MatMulNBits`` accuracy level ``accuracy``."""
+    if kind == "genai":
+        model = genai_load(path, threads)
+        return lambda prompt, new: run_genai(model, prompt, new)
+    decoder = ort_decoder(path, threads, accuracy)
+    return lambda prompt, new: run_decoder(decoder, prompt, new)
+
+
+def measure(runners: dict[str, tuple], prompts: dict[int, np.ndarray], args, notes: list[str]
             ) -> dict[tuple[str, int], dict]:
-    """Warm-up, then ``args.repeats`` rounds of every runner in turn per batch (in ``rounds.round_order``, so that a
-    runner's place in the round favours none); a runner that fails at a batch is left out there with a
-    note. Each result keeps its rounds' tokens/s for the paired ratios (``paired``)."""
+    """Every runner (``make_runner``'s arguments) in a worker process of its own (``rounds.Workers``: in one process
+    the order models are loaded in moves their speed); warm-up, then ``args.repeats`` rounds of every runner in turn
+    per batch (in ``rounds.round_order``, so that a runner's place in the round favours none); a runner that fails
+    at a batch is left out there with a note. Each result keeps its rounds' tokens/s for the paired ratios
+    (``paired``)."""
     samples: dict[tuple[str, int], list] = collections.defaultdict(list)
-    for b, prompt in prompts.items():
-        running = []
-        for name, run in runners.items():
-            try:
-                run(prompt, 4)
-            except Exception as exc:  # reported in the notes, not hidden
-                notes.append(f"{name} batch {b}: fails ({str(exc).strip().splitlines()[0][:300]})")
-                continue
-            running.append(name)
-        for round_ in range(args.repeats):
-            for place in round_order(len(running), round_):
-                name = running[place]
-                samples[name, b].append(runners[name](prompt, args.new))
+    names = list(runners)
+    with Workers(make_runner, list(runners.values())) as workers:
+        for b, prompt in prompts.items():
+            running = []
+            for index, name in enumerate(names):
+                try:
+                    workers(index, prompt, 4)
+                except RuntimeError as exc:  # reported in the notes, not hidden
+                    notes.append(f"{name} batch {b}: fails ({str(exc).strip().splitlines()[0][:300]})")
+                    continue
+                running.append(index)
+            for round_ in range(args.repeats):
+                for place in round_order(len(running), round_):
+                    index = running[place]
+                    samples[names[index], b].append(workers(index, prompt, args.new))
     return {key: {"tokens_per_s": statistics.median(s[0] for s in runs), "rounds": [s[0] for s in runs],
                   "tokens": runs[-1][1]} for key, runs in samples.items()}
 
@@ -202,16 +216,12 @@ def body_rows(body: str, args, work: Path, prompts: dict[int, np.ndarray], notes
     exports["builder"] = builder(hf, work / f"{body}-builder") | {"path": work / f"{body}-builder"}
     print(f"#   builder: {exports['builder']['wall_s']:.0f} s, {exports['builder']['bytes'] / MIB:,.1f} MiB",
           flush=True)
-    runners: dict[str, Callable] = {}
-    for name, export_name, accuracy in (("fp32", "fp32", 1), ("int4 a1", "int4", 1), ("int4 a4", "int4", 4),
-                                        ("int4+emb a1", "int4+emb", 1), ("int4+emb a4", "int4+emb", 4),
-                                        ("int4+emb ort", "int4+emb ort", 1),
-                                        ("int4+emb ort a8", "int4+emb ort a8", 1)):
-        decoder = ort_decoder(exports[export_name]["path"], args.threads, accuracy)
-        runners[name] = lambda p, n, d=decoder: run_decoder(d, p, n)
-    for name in ("int4+emb genai a8", "builder"):
-        model = genai_load(exports[name]["path"], args.threads)
-        runners[name] = lambda p, n, m=model: run_genai(m, p, n)
+    runners = {name: ("ort", exports[export_name]["path"], args.threads, accuracy)
+               for name, export_name, accuracy in (("fp32", "fp32", 1), ("int4 a1", "int4", 1), ("int4 a4", "int4", 4),
+                                                   ("int4+emb a1", "int4+emb", 1), ("int4+emb a4", "int4+emb", 4),
+                                                   ("int4+emb ort", "int4+emb ort", 1),
+                                                   ("int4+emb ort a8", "int4+emb ort a8", 1))}
+    runners |= {name: ("genai", exports[name]["path"], args.threads, 1) for name in ("int4+emb genai a8", "builder")}
     body_notes: list[str] = []
     results = measure(runners, prompts, args, body_notes)
     notes += [f"{body} {n}" for n in body_notes]
@@ -297,10 +307,7 @@ def k3_rows(args, work: Path, notes: list[str]) -> dict:
     quantized_bytes, elements = dequantize_linear_bytes(exports["mxfp4"]["path"])
     rng = np.random.default_rng(1)
     prompts = {b: rng.integers(3, vocab, size=(b, args.prompt), dtype=np.int64) for b in args.batches}
-    runners = {}
-    for name in exports:
-        decoder = ort_decoder(exports[name]["path"], args.threads, 1)
-        runners[name] = lambda p, n, d=decoder: run_decoder(d, p, n)
+    runners = {name: ("ort", exports[name]["path"], args.threads, 1) for name in exports}
     k3_notes: list[str] = []
     results = measure(runners, prompts, args, k3_notes)
     notes += [f"k3 {n}" for n in k3_notes]

@@ -87,3 +87,23 @@ def _serve(make: Callable[..., Callable], spec: tuple, pipe) -> None:
             pipe.send((True, run(*args)))
         except Exception as exc:  # one failed run is the parent's to report; the child keeps serving
             pipe.send((False, f"{type(exc).__name__}: {exc}"))
+
+
+class InProcess:
+    """``Workers``' interface with every runner built here, in ``specs``' order: what loading models together does
+    to their speed (``benchmarks/load_order.py``, ``genai_folders_ab.py --same-process``)."""
+
+    def __init__(self, make: Callable[..., Callable], specs: Sequence[tuple]) -> None:
+        self._runners = [make(*spec) for spec in specs]
+
+    def __len__(self) -> int:
+        return len(self._runners)
+
+    def __call__(self, index: int, *args: Any) -> Any:
+        return self._runners[index](*args)
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._runners.clear()
