@@ -3,12 +3,13 @@ part of the model (each ``layers.N.mlp`` / ``layers.N.self_attn`` scope, ``lm_he
 inside the control-flow nodes (an MoE's ``If`` and ``Loop``: their own share is what their subgraphs' ops do not
 account for).
 
-The step is fed ``--batch`` new tokens after a random past of ``--past`` positions (every ``past_key_values.*`` input
-random normal * 0.1, input ids random): timings do not depend on the values, only routing does, and random ids
+The step is fed ``--seq`` new tokens per row (1: a decode step; ``--past 0 --seq 128``: a 128-token prefill) for
+``--batch`` rows after a random past of ``--past`` positions (every ``past_key_values.*`` input random normal * 0.1,
+input ids random): timings do not depend on the values, only routing does, and random ids
 route as a prompt does at random init. The step runs ``--warmup`` then ``--steps`` times unprofiled (the wall
 figure), then as often again under the profiler, which adds a per-node cost of its own: read its shares, not its
 sums. Run from the repository root:
-    python benchmarks/profile_decode_step.py MODEL.with-past.onnx [--batch 1,8] [--past 32] [--steps 10]
+    python benchmarks/profile_decode_step.py MODEL.with-past.onnx [--batch 1,8] [--past 32] [--seq 1] [--steps 10]
         [--threads 1]
 """
 
@@ -32,9 +33,10 @@ SUBGRAPH = re.compile(r"/(then_branch|else_branch|body)/")
 SCOPE = re.compile(r"layers\.(\d+)\.(mlp|self_attn)")
 
 
-def step_feeds(model: onnx.ModelProto, batch: int, past: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One new token per row after ``past`` positions of random state."""
-    sizes = {"batch": batch, "seq": 1, "past": past, "total": past + 1}
+def step_feeds(model: onnx.ModelProto, batch: int, past: int, rng: np.random.Generator, seq: int = 1
+               ) -> dict[str, np.ndarray]:
+    """``seq`` new tokens per row after ``past`` positions of random state."""
+    sizes = {"batch": batch, "seq": seq, "past": past, "total": past + seq}
     feeds = {}
     for value in model.graph.input:
         dims = [sizes.get(d.dim_param, d.dim_value) for d in value.type.tensor_type.shape.dim]
@@ -44,7 +46,7 @@ def step_feeds(model: onnx.ModelProto, batch: int, past: int, rng: np.random.Gen
         elif value.name == "attention_mask":
             feeds[value.name] = np.ones(dims, np.int64)
         elif value.name == "position_ids":
-            feeds[value.name] = np.full(dims, past, np.int64)
+            feeds[value.name] = np.broadcast_to(np.arange(past, past + seq), dims).astype(np.int64)
         else:
             numpy_type = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
             feeds[value.name] = (rng.standard_normal(dims) * 0.1).astype(numpy_type)
@@ -62,10 +64,10 @@ def part(name: str) -> str:
     return "the rest (norms, AttnRes, embedding)"
 
 
-def profile(path: Path, batch: int, past: int, steps: int, warmup: int, threads: int) -> dict:
+def profile(path: Path, batch: int, past: int, steps: int, warmup: int, threads: int, seq: int = 1) -> dict:
     model = load_onnx(path, load_external_data=False)
     rng = np.random.default_rng(batch)
-    feeds = step_feeds(model, batch, past, rng)
+    feeds = step_feeds(model, batch, past, rng, seq)
 
     def session(profiled: bool, prefix: str) -> onnxruntime.InferenceSession:
         options = onnxruntime.SessionOptions()
@@ -114,16 +116,18 @@ def main() -> None:
     parser.add_argument("onnx", type=Path)
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--past", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=1, help="new tokens per row (1: a decode step)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    print(f"# {args.onnx.name}: one decode step after {args.past} positions; onnxruntime "
+    print(f"# {args.onnx.name}: one step of {args.seq} new token(s) per row after {args.past} positions; onnxruntime "
           f"{onnxruntime.__version__}, {args.threads} thread(s)")
     for batch in (int(b) for b in args.batch.split(",")):
-        r = profile(args.onnx, batch, args.past, args.steps, args.warmup, args.threads)
-        print(f"\n## batch {batch}: {r['wall_ms']:.1f} ms per step unprofiled ({batch / r['wall_ms'] * 1e3:.1f} "
-              f"tokens/s); {r['profiled_ms']:.1f} ms of top-level kernel time profiled")
+        r = profile(args.onnx, batch, args.past, args.steps, args.warmup, args.threads, args.seq)
+        tokens_per_s = batch * args.seq / r["wall_ms"] * 1e3
+        print(f"\n## batch {batch}: {r['wall_ms']:.1f} ms per step unprofiled ({tokens_per_s:.1f} tokens/s); "
+              f"{r['profiled_ms']:.1f} ms of top-level kernel time profiled")
         print("| part | share |\n|---|---:|")
         for name, share in r["parts"].items():
             print(f"| {name} | {share:.1%} |")
