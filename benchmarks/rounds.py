@@ -3,6 +3,7 @@ ratios paired within a round (load that moves during a run hits both sides of ea
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 from collections.abc import Callable, Sequence
@@ -46,8 +47,12 @@ class Workers:
             process.start()
             self._pipes.append(here)
             self._processes.append(process)
-        for index in range(len(specs)):
-            self._answer(index)
+        try:
+            for index in range(len(specs)):
+                self._answer(index)
+        except RuntimeError:
+            self.close()
+            raise
 
     def __len__(self) -> int:
         return len(self._pipes)
@@ -64,7 +69,8 @@ class Workers:
 
     def close(self) -> None:
         for pipe, process in zip(self._pipes, self._processes, strict=True):
-            pipe.send(None)
+            with contextlib.suppress(OSError):  # a worker that could not build its runner has already gone
+                pipe.send(None)
             process.join(timeout=60)
 
     def __enter__(self) -> Workers:
