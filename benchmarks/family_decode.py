@@ -11,8 +11,10 @@ features from ``attnres example``'s configs), and the same folder with Kimi K3's
 (``+attnres``: ``attn_res_block_size`` and random, non-zero per-site weights). transformers has no AttnRes model: its
 column for a ``+attnres`` row runs the plain folder (the same body weights without the AttnRes sites), so that ratio
 compares our AttnRes decoder against transformers' standard-residual body, and the greedy tokens differ by design.
-In each round every backend runs in turn on the same prompt, so load from other processes hits them alike; figures
-are medians over the rounds. Run from the repository root:
+Every runner (backend and folder) runs in a worker process of its own (``rounds.Workers``: in one process the order
+models are loaded in moves their speed), and in each round every runner runs in turn on the same prompt, in
+``rounds.round_order``, so load from other processes hits them alike; figures are medians over the rounds. Run from
+the repository root:
     python benchmarks/family_decode.py [--families llama,qwen3_moe] [--no-attnres] [--batches 1,8]
         [--prompt 32] [--new 32] [--repeats 3] [--threads 1] [--hidden 512] [--layers 4] [--json OUT.json]
 """

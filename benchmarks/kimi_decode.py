@@ -1,8 +1,8 @@
 """Kimi Linear / K3-architecture decode on CPU: tokens/s and prefill time of ONNX Runtime on our with-past ONNX
 against transformers' eager ``KimiLinearForCausalLM.generate`` (greedy, with its cache), on the tiny folder of
 ``attnres example --arch kimi-linear`` and on a ~0.5B-parameter K3-architecture folder (the Kimi Linear body with
-Kimi K3's Attention Residuals keys), all in one interleaved run; plus the export time and peak memory of each
-folder's export.
+Kimi K3's Attention Residuals keys), all in one interleaved run, each runner in a worker process of its own
+(``family_decode.measure``); plus the export time and peak memory of each folder's export.
 
 Each folder is exported for the ``portable`` target (the ``onnxruntime`` column) and for the ``onnxruntime`` target
 (``ort-fused``: ONNX Runtime's own fused ops, docs/onnxruntime-target.md), ``attnres-export FOLDER --with-past
