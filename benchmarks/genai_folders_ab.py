@@ -8,9 +8,8 @@ them alike; figures are medians over the rounds. The ratio to the first folder i
 tokens/s over the first folder's in that round, their median and quartiles over the rounds (a spread that holds 1.0
 says the two are not told apart by this run). Each folder runs in a process of its own (``rounds.Workers``: in one
 process the order models are loaded in moves their speed; ``--same-process`` loads them all here, in order, to show
-it). Pin it to one core for steadier figures
-(``taskset -c 1``; the workers inherit it). The prompt's token ids are drawn below ``--vocab``. Run from the
-repository root:
+it). Pin it to one core for steadier figures (``taskset -c 1``; the workers inherit it). The prompt's token ids are
+drawn below ``--vocab``. Run from the repository root:
     python benchmarks/genai_folders_ab.py BASE OTHER [OTHER ...] [--batches 1,8] [--prompt 32] [--new 96]
         [--rounds 15] [--threads 1] [--vocab 32000] [--same-process]
 """
