@@ -17,7 +17,6 @@ drawn below ``--vocab``. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from genai_decode import generator
-from rounds import InProcess, Workers, paired_ratios, round_order
+from rounds import InProcess, Workers, against_first, in_rounds
 
 
 def main() -> None:
@@ -50,17 +49,9 @@ def main() -> None:
         for batch in [int(b) for b in args.batches.split(",")]:
             prompt = np.random.default_rng([batch, args.prompt]).integers(3, args.vocab, (batch, args.prompt))
             prompt = prompt.astype(np.int32)
-            rates: list[list[float]] = [[] for _ in args.folders]
-            for index in range(len(runners)):  # warm-up: the first run of a model allocates
-                runners(index, prompt, 4)
-            for round_ in range(args.rounds):
-                for index in round_order(len(runners), round_):
-                    rates[index].append(runners(index, prompt, args.new)[1])
-            for name, rate in zip(names, rates, strict=True):
-                paired = paired_ratios(rate, rates[0])
-                low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
-                print(f"{name:<{width}} {batch:>5} {statistics.median(rate):>10.1f} "
-                      f"{statistics.median(paired):>7.3f}x {low:>6.3f}-{high:.3f}x", flush=True)
+            rates = [[r[1] for r in results] for results in in_rounds(runners, args.rounds, prompt, args.new)]
+            for name, (rate, paired, low, high) in zip(names, against_first(rates), strict=True):
+                print(f"{name:<{width}} {batch:>5} {rate:>10.1f} {paired:>7.3f}x {low:>6.3f}-{high:.3f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ repository root:
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from rounds import InProcess, Workers, paired_ratios, round_order
+from rounds import InProcess, Workers, against_first, in_rounds
 
 
 def make_runner(model: Path, threads: int) -> Callable[[np.ndarray, int], float]:
@@ -49,17 +48,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for where, kind in (("one process", InProcess), ("a process each", Workers)):
         with kind(make_runner, [(args.model, args.threads)] * args.copies) as runners:
-            for index in range(args.copies):
-                runners(index, prompt, 4)
-            rates: list[list[float]] = [[] for _ in range(args.copies)]
-            for round_ in range(args.rounds):
-                for index in round_order(args.copies, round_):
-                    rates[index].append(runners(index, prompt, args.new))
-        for index, rate in enumerate(rates):
-            paired = paired_ratios(rate, rates[0])
-            low, _, high = statistics.quantiles(paired, n=4)
-            print(f"| {where} | {index} | {statistics.median(rate):.1f} | {statistics.median(paired):.3f}x | "
-                  f"{low:.3f}-{high:.3f}x |", flush=True)
+            rates = in_rounds(runners, args.rounds, prompt, args.new)
+        for index, (rate, paired, low, high) in enumerate(against_first(rates)):
+            print(f"| {where} | {index} | {rate:.1f} | {paired:.3f}x | {low:.3f}-{high:.3f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -113,3 +113,26 @@ class InProcess:
 
     def __exit__(self, *_exc: object) -> None:
         self._runners.clear()
+
+
+def in_rounds(runners: Workers | InProcess, rounds: int, prompt: Any, new: int) -> list[list[Any]]:
+    """One warm-up run of each runner with 4 new tokens (the first run of a model allocates), then ``rounds`` rounds
+    of every runner in turn in ``round_order``, ``new`` tokens after ``prompt``; each runner's results, round by
+    round."""
+    for index in range(len(runners)):
+        runners(index, prompt, 4)
+    results: list[list[Any]] = [[] for _ in range(len(runners))]
+    for round_ in range(rounds):
+        for index in round_order(len(runners), round_):
+            results[index].append(runners(index, prompt, new))
+    return results
+
+
+def against_first(rates: list[list[float]]) -> list[tuple[float, float, float, float]]:
+    """Per runner: its median, and the median and quartiles of its paired ratios to the first runner's."""
+    rows = []
+    for rate in rates:
+        paired = paired_ratios(rate, rates[0])
+        low, _, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        rows.append((statistics.median(rate), statistics.median(paired), low, high))
+    return rows
