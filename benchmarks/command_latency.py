@@ -122,10 +122,12 @@ def timed(case: Case, cwd: Path) -> float:
 
 
 def listing(folder: Path | None) -> dict[str, int]:
-    """Each file of ``folder`` and its modification time (ns); empty when there is none."""
+    """Each file of ``folder`` and its inode; empty when there is none. A trace is stored by renaming a new file into
+    place (a new inode), while a hit only touches its entry's modification time (the cache's least-recently-used
+    mark), so the inodes tell a read from a trace."""
     if folder is None or not folder.is_dir():
         return {}
-    return {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
+    return {path.name: path.stat().st_ino for path in folder.iterdir()}
 
 
 def tool(name: str) -> str:
