@@ -4,9 +4,11 @@ CPU on the with-past ONNX (``attnres-export MODEL --with-past --target portable`
 Model: 12 layers, d_model 512, 8 heads, d_ff 1408, vocab 8192, Block AttnRes S = 4; prompt of 128 tokens, then
 greedy decode of 32 tokens; batch 1 and 8. Run from the repository root:
     python benchmarks/cpu_decode.py [--repeats 5] [--threads 2] [--prompt 128] [--new 32]
-torch and ONNX Runtime use the same number of intra-op threads. In each round the backends run in turn (torch then
-ONNX Runtime, per batch), so load from other processes hits both alike; figures are medians over the rounds, and
-CPU time of this process is reported beside wall time (a gap between them is a neighbour's load).
+torch and ONNX Runtime use the same number of intra-op threads, each backend in a worker process of its own
+(``rounds.Workers``: models loaded into one process move each other's speed). In each round the backends run in
+turn per batch, their order alternating between rounds, so load from other processes hits both alike; figures are
+medians over the rounds, and the CPU time of the backend's process is reported beside wall time (a gap between them
+is a neighbour's load).
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import torch
+from rounds import Workers, round_order
 
 from attnres_export.decode.generate import Decoder, onnx_decoder, torch_decoder
 from attnres_export.dims import DimRange
@@ -51,6 +56,19 @@ def run_once(decoder: Decoder, prompt: np.ndarray, new: int) -> tuple[float, flo
     return (*prefill, time.perf_counter() - wall, time.process_time() - cpu, tokens)
 
 
+def make_runner(kind: str, path: str, threads: int) -> Callable[[np.ndarray, int], tuple]:
+    """``run_once`` on one backend's decoder, built in its own worker process (``rounds.Workers``): PyTorch eager on
+    the checkpoint (``kind`` "torch") or ONNX Runtime on the with-past ONNX."""
+    if kind == "torch":
+        from attnres_export.models import load_checkpoint
+
+        torch.set_num_threads(threads)
+        decoder = torch_decoder(load_checkpoint(Path(path))[0])
+    else:
+        decoder = onnx_decoder(Path(path), threads=threads)
+    return partial(run_once, decoder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -73,22 +91,20 @@ def main() -> None:
         export_s = time.perf_counter() - start
         if not result.report.ok:
             raise SystemExit("the with-past export missed its parity bar")
-        from attnres_export.models import load_checkpoint
-
-        model, _ = load_checkpoint(ckpt)
-        decoders = {"PyTorch eager (KV cache)": torch_decoder(model),
-                    "ONNX Runtime CPU, portable with past": onnx_decoder(result.path, threads=args.threads)}
+        specs = {"PyTorch eager (KV cache)": ("torch", str(ckpt), args.threads),
+                 "ONNX Runtime CPU, portable with past": ("onnx", str(result.path), args.threads)}
         rng = np.random.default_rng(0)
         prompts = {b: rng.integers(0, CONFIG.vocab_size, size=(b, args.prompt), dtype=np.int64) for b in batches}
-        for b in batches:  # warm-up, and the greedy tokens of the two backends must agree
-            tokens = {name: run_once(s, prompts[b], 4)[4] for name, s in decoders.items()}
-            if len(set(map(tuple, tokens.values()))) != 1:
-                print(f"warning: batch {b}: greedy tokens differ between backends: {tokens}")
-        times: dict[tuple[int, str], list[tuple[float, ...]]] = {(b, n): [] for b in batches for n in decoders}
-        for _ in range(args.repeats):
-            for b in batches:
-                for name, decoder in decoders.items():
-                    times[(b, name)].append(run_once(decoder, prompts[b], args.new)[:4])
+        times: dict[tuple[int, str], list[tuple[float, ...]]] = {(b, n): [] for b in batches for n in specs}
+        with Workers(make_runner, list(specs.values())) as runners:
+            for b in batches:  # warm-up, and the greedy tokens of the two backends must agree
+                tokens = {name: runners(i, prompts[b], 4)[4] for i, name in enumerate(specs)}
+                if len(set(map(tuple, tokens.values()))) != 1:
+                    print(f"warning: batch {b}: greedy tokens differ between backends: {tokens}")
+            for round_ in range(args.repeats):
+                for b in batches:
+                    for i in round_order(len(specs), round_):
+                        times[(b, list(specs)[i])].append(runners(i, prompts[b], args.new)[:4])
     print(f"# {platform.machine()}, {torch.get_num_threads()} torch threads / {args.threads} ORT intra-op threads, "
           f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export {export_s:.1f} s; "
           f"prompt {args.prompt}, {args.new} new tokens, {args.repeats} interleaved rounds, medians")
