@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from attnres_export.cli.framework import command, console, err_console, fail, plugin_app
+from attnres_export.cli.progress import timed_line
 from attnres_export.errors import PluginBuildError
 
 USAGE = {
@@ -45,9 +46,7 @@ def build(
     with err_console.status("attnres plugin build") as spinner:
 
         def progress(line: str) -> None:
-            elapsed = int(time.monotonic() - started)
-            text = f"{elapsed // 60}:{elapsed % 60:02d} {line}"
-            err_console.print(escape(text))
+            err_console.print(escape(timed_line(started, line)))
             spinner.update(escape(line))
 
         result = build_plugins(out_dir=out, tensorrt_root=tensorrt_root, cuda_archs=cuda_arch,

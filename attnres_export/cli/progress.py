@@ -29,16 +29,22 @@ def progress(text: str) -> Iterator[Callable[[str], None]]:
         yield _lines(text)
 
 
+def timed_line(started: float, status: str) -> str:
+    """``status`` after the minutes and seconds since ``started`` (``time.monotonic``), as a progress line prints."""
+    elapsed = int(time.monotonic() - started)
+    return f"{elapsed // 60}:{elapsed % 60:02d} {status}"
+
+
 def _lines(first: str) -> Callable[[str], None]:
     started = time.monotonic()
-    last: list[str] = []
+    last: str | None = None
 
     def show(status: str) -> None:
-        if last and last[0] == status:
+        nonlocal last
+        if status == last:
             return
-        last[:] = [status]
-        elapsed = int(time.monotonic() - started)
-        err_console.print(escape(f"{elapsed // 60}:{elapsed % 60:02d} {status}"))
+        last = status
+        err_console.print(escape(timed_line(started, status)))
 
     show(first)
     return show
