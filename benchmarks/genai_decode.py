@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 import torch
-from rounds import Workers, paired_median, round_order
+from rounds import Workers, in_rounds, paired_median
 
 SIZES = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
          "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
@@ -254,23 +254,19 @@ def measure(folders: list[Folder], batches: list[int], args, notes: list[str]) -
     order models are loaded in moves their speed); each round runs the folders in turn, in ``rounds.round_order`` (a
     folder's place in the round favours none). A folder that fails to generate at a batch is left out there, with a
     note."""
-    samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = collections.defaultdict(list)
+    samples: dict[tuple[int, int], list[tuple[float, float, list[int]]]] = {}
     with Workers(generator, [(f.path, args.threads or None) for f in folders]) as workers:
         for batch in batches:
             prompt = prompt_ids(batch, args.prompt)
-            running = []
-            for i, folder in enumerate(folders):  # warm-up: the first run of a session allocates
-                try:
-                    workers(i, prompt, 4)
-                except RuntimeError as exc:
-                    notes.append(f"{folder.body} {folder.precision} {folder.kind} batch {batch}: onnxruntime-genai "
-                                 f"fails ({str(exc).splitlines()[0][:300]})")
-                    continue
-                running.append(i)
-            for round_ in range(args.repeats):
-                for place in round_order(len(running), round_):
-                    i = running[place]
-                    samples[i, batch].append(workers(i, prompt, args.new))
+
+            def failed(i: int, exc: RuntimeError, batch: int = batch) -> None:
+                folder = folders[i]
+                notes.append(f"{folder.body} {folder.precision} {folder.kind} batch {batch}: onnxruntime-genai "
+                             f"fails ({str(exc).splitlines()[0][:300]})")
+
+            for i, runs in enumerate(in_rounds(workers, args.repeats, prompt, args.new, failed)):
+                if runs:
+                    samples[i, batch] = runs
     return {key: {"prefill_ms": 1e3 * statistics.median(s[0] for s in runs),
                   "decode_tokens_per_s": statistics.median(s[1] for s in runs), "tokens": runs[-1][2],
                   "rounds": [(s[0], s[1]) for s in runs]}

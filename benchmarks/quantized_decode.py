@@ -40,7 +40,6 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import platform
@@ -62,7 +61,7 @@ from family_decode import run_decoder as family_run_decoder
 from genai_decode import _tokenizer
 from genai_decode import generate as genai_generate
 from genai_decode import load as genai_load
-from rounds import Workers, paired_median, round_order
+from rounds import Workers, in_rounds, paired_median
 
 SIZES = {
     "0.5b": {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 4096, "num_attention_heads": 16,
@@ -174,22 +173,17 @@ def measure(runners: dict[str, tuple], prompts: dict[int, np.ndarray], args, not
     per batch (in ``rounds.round_order``, so that a runner's place in the round favours none); a runner that fails
     at a batch is left out there with a note. Each result keeps its rounds' tokens/s for the paired ratios
     (``paired``)."""
-    samples: dict[tuple[str, int], list] = collections.defaultdict(list)
+    samples: dict[tuple[str, int], list] = {}
     names = list(runners)
     with Workers(make_runner, list(runners.values())) as workers:
         for b, prompt in prompts.items():
-            running = []
-            for index, name in enumerate(names):
-                try:
-                    workers(index, prompt, 4)
-                except RuntimeError as exc:  # reported in the notes, not hidden
-                    notes.append(f"{name} batch {b}: fails ({str(exc).strip().splitlines()[0][:300]})")
-                    continue
-                running.append(index)
-            for round_ in range(args.repeats):
-                for place in round_order(len(running), round_):
-                    index = running[place]
-                    samples[names[index], b].append(workers(index, prompt, args.new))
+
+            def failed(index: int, exc: RuntimeError, b: int = b) -> None:  # reported in the notes, not hidden
+                notes.append(f"{names[index]} batch {b}: fails ({str(exc).strip().splitlines()[0][:300]})")
+
+            for index, runs in enumerate(in_rounds(workers, args.repeats, prompt, args.new, failed)):
+                if runs:
+                    samples[names[index], b] = runs
     return {key: {"tokens_per_s": statistics.median(s[0] for s in runs), "rounds": [s[0] for s in runs],
                   "tokens": runs[-1][1]} for key, runs in samples.items()}
 

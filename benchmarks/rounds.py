@@ -115,16 +115,26 @@ class InProcess:
         self._runners.clear()
 
 
-def in_rounds(runners: Workers | InProcess, rounds: int, prompt: Any, new: int) -> list[list[Any]]:
+def in_rounds(runners: Workers | InProcess, rounds: int, prompt: Any, new: int,
+              failed: Callable[[int, RuntimeError], None] | None = None) -> list[list[Any]]:
     """One warm-up run of each runner with 4 new tokens (the first run of a model allocates), then ``rounds`` rounds
     of every runner in turn in ``round_order``, ``new`` tokens after ``prompt``; each runner's results, round by
-    round."""
+    round. A runner whose warm-up fails (a worker's ``RuntimeError``) is left out of the rounds, with no results, and
+    its error passed to ``failed``; without ``failed`` the error is raised."""
+    running = []
     for index in range(len(runners)):
-        runners(index, prompt, 4)
+        try:
+            runners(index, prompt, 4)
+        except RuntimeError as exc:
+            if failed is None:
+                raise
+            failed(index, exc)
+            continue
+        running.append(index)
     results: list[list[Any]] = [[] for _ in range(len(runners))]
     for round_ in range(rounds):
-        for index in round_order(len(runners), round_):
-            results[index].append(runners(index, prompt, new))
+        for place in round_order(len(running), round_):
+            results[running[place]].append(runners(running[place], prompt, new))
     return results
 
 
